@@ -1,0 +1,63 @@
+"""Construction-time validation of ScalablePPO's arguments: clear errors naming the argument and what is allowed."""
+
+from __future__ import annotations
+
+import torch as th
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_batching(batch_size: object, grad_accum_steps: object, normalize_advantage: bool) -> None:
+    """``batch_size`` and ``grad_accum_steps`` are positive ints, accumulation no finer than one sample."""
+    if not _is_int(batch_size) or batch_size < 1:  # type: ignore[operator]
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if normalize_advantage and batch_size < 2:  # type: ignore[operator]
+        raise ValueError(
+            f"batch_size must be >= 2 when normalize_advantage=True (advantages are normalised per minibatch), "
+            f"got {batch_size!r}; pass normalize_advantage=False to train on single samples"
+        )
+    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:  # type: ignore[operator]
+        raise ValueError(f"grad_accum_steps must be an int >= 1, got {grad_accum_steps!r}")
+    if grad_accum_steps > batch_size:  # type: ignore[operator]
+        raise ValueError(
+            f"grad_accum_steps must be between 1 and batch_size={batch_size} (each micro-batch needs a sample), "
+            f"got {grad_accum_steps!r}"
+        )
+
+
+def check_rollout_size(batch_size: int, n_steps: int, n_envs: int) -> None:
+    """A minibatch may be as large as the whole rollout (``n_steps * n_envs``), not larger."""
+    rollout_size = n_steps * n_envs
+    if batch_size > rollout_size:
+        raise ValueError(
+            f"batch_size must be between 1 and n_steps * n_envs = {n_steps} * {n_envs} = {rollout_size} "
+            f"(the whole rollout), got {batch_size}"
+        )
+
+
+def resolve_buffer_device(buffer_device: object, policy_device: th.device) -> th.device:
+    """Turn ``buffer_device`` ("auto", "cpu", "cuda", "cuda:1", "mps", a torch.device) into an existing device."""
+    if isinstance(buffer_device, str) and buffer_device == "auto":
+        return policy_device
+    try:
+        device = th.device(buffer_device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"buffer_device must be 'auto', 'cpu', 'cuda', 'cuda:<index>' or a torch.device, got {buffer_device!r}"
+        ) from error
+    if device.type == "cuda":
+        if not th.cuda.is_available():
+            raise ValueError(f"buffer_device={buffer_device!r} but CUDA is not available here; use 'auto' or 'cpu'")
+        index = device.index or 0
+        if index >= th.cuda.device_count():
+            raise ValueError(
+                f"buffer_device={buffer_device!r} does not exist: this machine has {th.cuda.device_count()} CUDA "
+                f"device(s) (cuda:0..cuda:{th.cuda.device_count() - 1})"
+            )
+    elif device.type == "mps" and not th.backends.mps.is_available():
+        raise ValueError(f"buffer_device={buffer_device!r} but MPS is not available here; use 'auto' or 'cpu'")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"buffer_device must be 'auto', 'cpu', 'cuda[:index]' or 'mps', got {buffer_device!r}")
+    return device

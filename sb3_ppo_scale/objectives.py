@@ -1,0 +1,134 @@
+"""PPO loss terms for one micro-batch, and the per-train() statistics kept on the device.
+
+Every per-sample term is averaged with optional per-sample ``weights`` (importance correction of a
+prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch as th
+import torch.nn.functional as F
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from sb3_ppo_scale.sampling import MicroBatch
+
+#: Order of the statistics in a stats vector (one device tensor per logical minibatch).
+STAT_NAMES = ("policy_gradient_loss", "value_loss", "entropy_loss", "clip_fraction", "approx_kl", "loss")
+KL_INDEX = STAT_NAMES.index("approx_kl")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Constants of one ``train()`` call.
+
+    :param clip_range: PPO's epsilon for the ratio clip.
+    :param clip_range_vf: value clipping range, or None for no value clipping.
+    :param ent_coef: entropy coefficient.
+    :param vf_coef: value-loss coefficient.
+    :param discrete_actions: True for a ``Discrete`` action space (actions are cast to long, as SB3 does).
+    """
+
+    clip_range: float
+    clip_range_vf: float | None
+    ent_coef: float
+    vf_coef: float
+    discrete_actions: bool = False
+
+
+@dataclass
+class AdvantageNormalizer:
+    """Normalises advantages with the *logical* minibatch's mean and unbiased std (SB3's rule, + 1e-8).
+
+    Disabled (identity) when ``enabled`` is False or the logical batch has a single sample.
+    """
+
+    mean: th.Tensor | None = None
+    std: th.Tensor | None = None
+
+    @classmethod
+    def fit(cls, advantages: th.Tensor, enabled: bool) -> "AdvantageNormalizer":
+        if not enabled or advantages.shape[0] <= 1:
+            return cls()
+        return cls(advantages.mean(), advantages.std())
+
+    def __call__(self, advantages: th.Tensor) -> th.Tensor:
+        if self.mean is None:
+            return advantages
+        return (advantages - self.mean) / (self.std + 1e-8)
+
+
+def _mean(values: th.Tensor, weights: th.Tensor | None) -> th.Tensor:
+    return values.mean() if weights is None else (weights * values).mean()
+
+
+def clip_loss(
+    policy: ActorCriticPolicy,
+    micro: MicroBatch,
+    normalize: AdvantageNormalizer,
+    settings: LossSettings,
+) -> tuple[th.Tensor, th.Tensor]:
+    """SB3 PPO's clipped-surrogate loss on one micro-batch.
+
+    :return: ``(loss, stats)`` where ``loss`` carries the gradient and ``stats`` is a detached vector in
+        :data:`STAT_NAMES` order (means over the micro-batch).
+    """
+    data, weights = micro.samples, micro.weights
+    actions = data.actions
+    if settings.discrete_actions:
+        actions = actions.long().flatten()
+    values, log_prob, entropy = policy.evaluate_actions(data.observations, actions)
+    values = values.flatten()
+    advantages = normalize(data.advantages)
+
+    ratio = th.exp(log_prob - data.old_log_prob)
+    surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - settings.clip_range, 1 + settings.clip_range))
+    policy_loss = -_mean(surrogate, weights)
+
+    values_pred = values
+    if settings.clip_range_vf is not None:
+        values_pred = data.old_values + th.clamp(values - data.old_values, -settings.clip_range_vf, settings.clip_range_vf)
+    if weights is None:
+        value_loss = F.mse_loss(data.returns, values_pred)
+    else:
+        value_loss = _mean((data.returns - values_pred) ** 2, weights)
+
+    entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights)
+    loss = policy_loss + settings.ent_coef * entropy_loss + settings.vf_coef * value_loss
+
+    with th.no_grad():
+        log_ratio = log_prob - data.old_log_prob
+        approx_kl = th.mean((th.exp(log_ratio) - 1) - log_ratio)
+        clip_fraction = th.mean((th.abs(ratio - 1) > settings.clip_range).float())
+        stats = th.stack([policy_loss, value_loss, entropy_loss, clip_fraction, approx_kl, loss]).detach()
+    return loss, stats
+
+
+class TrainStats:
+    """Per-logical-minibatch statistics kept on the device; read back with one host sync.
+
+    Reproduces SB3's logging: losses and clip fraction are means over every minibatch of the call,
+    ``approx_kl`` is the mean over the last epoch's minibatches, ``loss`` is the last minibatch's.
+    """
+
+    def __init__(self) -> None:
+        self._rows: list[th.Tensor] = []
+        self._epochs: list[int] = []
+
+    def add(self, stats: th.Tensor, epoch: int) -> None:
+        self._rows.append(stats)
+        self._epochs.append(epoch)
+
+    def summary(self, extra: list[th.Tensor] | None = None) -> tuple[dict[str, float], list[float]]:
+        """Means as SB3 logs them, plus ``extra`` scalars read back in the same sync."""
+        extra = extra or []
+        table = th.stack(self._rows)
+        flat = th.cat([table.flatten(), *[e.reshape(1).to(table) for e in extra]]).cpu().double()
+        table, extra_values = flat[: table.numel()].view_as(table), flat[table.numel() :].tolist()
+        last_epoch = [i for i, e in enumerate(self._epochs) if e == self._epochs[-1]]
+        means = table.mean(dim=0)
+        summary = {name: float(means[i]) for i, name in enumerate(STAT_NAMES)}
+        summary["approx_kl"] = float(table[last_epoch, KL_INDEX].mean())
+        summary["loss"] = float(table[-1, STAT_NAMES.index("loss")])
+        return summary, extra_values

@@ -1,0 +1,131 @@
+"""Device-resident copy of an SB3 rollout buffer.
+
+SB3 keeps the rollout in NumPy and copies six fields host-to-device for every minibatch of every epoch.
+:class:`RolloutStager` instead moves the whole (flattened) rollout to the training device once per
+rollout and :class:`DeviceRollout` gathers minibatches there with ``index_select``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
+
+Observations = th.Tensor | dict[str, th.Tensor]
+
+
+def _gather_obs(obs: Observations, idx: th.Tensor, device: th.device) -> Observations:
+    if isinstance(obs, dict):
+        return {key: value.index_select(0, idx).to(device, non_blocking=True) for key, value in obs.items()}
+    return obs.index_select(0, idx).to(device, non_blocking=True)
+
+
+@dataclass
+class DeviceRollout:
+    """A flattened rollout (env-major sample order, exactly as ``RolloutBuffer.get`` orders it) on one device.
+
+    Every tensor has ``len(self)`` rows. Actions are float32 as SB3 hands them to the policy; observations
+    keep their dtype (Atari uint8 frames stay uint8 until the policy preprocesses them).
+    ``weights`` holds optional per-sample loss weights (importance correction); None means all ones.
+    """
+
+    observations: Observations
+    actions: th.Tensor
+    old_values: th.Tensor
+    old_log_prob: th.Tensor
+    advantages: th.Tensor
+    returns: th.Tensor
+    weights: th.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def device(self) -> th.device:
+        return self.actions.device
+
+    def gather(self, idx: th.Tensor, device: th.device | None = None) -> RolloutBufferSamples | DictRolloutBufferSamples:
+        """Rows ``idx`` (an index tensor on ``self.device``) as SB3 samples on ``device`` (default: here)."""
+        device = self.device if device is None else device
+        tensors = [t.index_select(0, idx).to(device, non_blocking=True) for t in self._flat_fields()]
+        observations = _gather_obs(self.observations, idx, device)
+        samples_cls = DictRolloutBufferSamples if isinstance(observations, dict) else RolloutBufferSamples
+        return samples_cls(observations, *tensors)  # type: ignore[arg-type]
+
+    def _flat_fields(self) -> list[th.Tensor]:
+        return [self.actions, self.old_values, self.old_log_prob, self.advantages, self.returns]
+
+
+def _flatten(buffer: RolloutBuffer, array: np.ndarray) -> np.ndarray:
+    """(n_steps, n_envs, ...) -> (n_steps * n_envs, ...) in SB3's env-major order, without touching ``buffer``."""
+    if buffer.generator_ready:  # someone already called get(), which flattens in place
+        return array
+    return buffer.swap_and_flatten(array)
+
+
+def rollout_arrays(buffer: RolloutBuffer) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
+    """The fields PPO trains on, flattened, as NumPy arrays (actions cast to float32 as SB3 does)."""
+    if isinstance(buffer, DictRolloutBuffer):
+        observations: np.ndarray | dict[str, np.ndarray] = {
+            key: _flatten(buffer, value) for key, value in buffer.observations.items()
+        }
+    else:
+        observations = _flatten(buffer, buffer.observations)
+    return {
+        "observations": observations,
+        "actions": _flatten(buffer, buffer.actions).astype(np.float32, copy=False),
+        "old_values": _flatten(buffer, buffer.values).reshape(-1),
+        "old_log_prob": _flatten(buffer, buffer.log_probs).reshape(-1),
+        "advantages": _flatten(buffer, buffer.advantages).reshape(-1),
+        "returns": _flatten(buffer, buffer.returns).reshape(-1),
+    }
+
+
+class RolloutStager:
+    """Moves a rollout buffer's contents to ``device`` once per rollout.
+
+    On the CPU the tensors share memory with the flattened NumPy arrays (no copy). On a GPU the storage is
+    allocated on the first call and reused afterwards: each rollout is copied into a pinned host tensor and
+    sent with one non-blocking copy per field. Nothing is allocated until :meth:`stage` is first called, so a
+    model loaded for inference holds no device rollout.
+
+    :param device: where the rollout lives during the update.
+    """
+
+    def __init__(self, device: th.device) -> None:
+        self.device = device
+        self._host: dict[str, th.Tensor] = {}
+        self._device: dict[str, th.Tensor] = {}
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of device storage this stager holds (0 on the CPU, where nothing is copied)."""
+        return sum(t.numel() * t.element_size() for t in self._device.values())
+
+    def stage(self, buffer: RolloutBuffer) -> DeviceRollout:
+        arrays = rollout_arrays(buffer)
+        moved = {name: self._move(name, value) for name, value in arrays.items()}
+        return DeviceRollout(**moved)  # type: ignore[arg-type]
+
+    def _move(self, name: str, value: np.ndarray | dict[str, np.ndarray]) -> Observations:
+        if isinstance(value, dict):
+            return {key: self._move(f"{name}.{key}", array) for key, array in value.items()}
+        source = th.from_numpy(np.ascontiguousarray(value))
+        if self.device.type == "cpu":
+            return source
+        return self._to_device(name, source)
+
+    def _to_device(self, name: str, source: th.Tensor) -> th.Tensor:
+        target = self._device.get(name)
+        if target is None or target.shape != source.shape or target.dtype != source.dtype:
+            pin = self.device.type == "cuda"
+            self._host[name] = th.empty(source.shape, dtype=source.dtype, pin_memory=pin)
+            target = self._device[name] = th.empty(source.shape, dtype=source.dtype, device=self.device)
+        host = self._host[name]
+        host.copy_(source)
+        target.copy_(host, non_blocking=True)
+        return target
+

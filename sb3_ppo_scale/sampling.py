@@ -1,0 +1,110 @@
+"""DataLoader-like iteration over a device-resident rollout: logical minibatches split into micro-batches.
+
+The sample order is SB3's: one ``np.random.permutation(N)`` per epoch, sliced into logical minibatches of
+``batch_size`` (the last one shorter when ``batch_size`` does not divide N). Each logical minibatch is split
+into ``grad_accum_steps`` micro-batches whose sizes differ by at most one. Indices live on the rollout's
+device, so gathering a micro-batch never leaves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
+
+from sb3_ppo_scale.rollout import DeviceRollout
+
+Samples = RolloutBufferSamples | DictRolloutBufferSamples
+EpochOrder = Callable[[int], np.ndarray]
+
+
+def uniform_order(n_samples: int) -> np.ndarray:
+    """SB3's epoch order: a uniform random permutation drawn from NumPy's global RNG."""
+    return np.random.permutation(n_samples)
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch: its samples, its per-sample loss weights (or None) and its share of the logical batch."""
+
+    samples: Samples
+    weights: th.Tensor | None
+    share: float
+
+
+@dataclass
+class LogicalBatch:
+    """A logical minibatch: ``indices`` into the rollout, split into ``n_micro`` micro-batches on demand."""
+
+    rollout: DeviceRollout
+    indices: th.Tensor
+    n_micro: int
+    target_device: th.device
+
+    def __len__(self) -> int:
+        return self.indices.shape[0]
+
+    def advantages(self) -> th.Tensor:
+        """The logical minibatch's raw advantages (used for normalisation statistics)."""
+        return self.rollout.advantages.index_select(0, self.indices)
+
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        """Gather micro-batches one at a time, so only one micro-batch is materialised at once."""
+        n_logical = len(self)
+        parts = (self.indices,) if self.n_micro == 1 else th.tensor_split(self.indices, self.n_micro)
+        for part in parts:
+            samples = self.rollout.gather(part, self.target_device)
+            weights = self.rollout.weights
+            if weights is not None:
+                weights = weights.index_select(0, part).to(self.target_device, non_blocking=True)
+            yield MicroBatch(samples, weights, part.shape[0] / n_logical)
+
+
+class MinibatchLoader:
+    """Iterate a :class:`DeviceRollout` like a ``torch.utils.data.DataLoader`` over whole minibatches.
+
+    :param rollout: the data, already on its device.
+    :param batch_size: samples per logical minibatch (one optimizer step each), 1..len(rollout).
+    :param grad_accum_steps: micro-batches per logical minibatch (default 1: no accumulation).
+    :param shuffle: draw a new order each epoch with ``order`` (default True); False keeps rollout order.
+    :param drop_last: skip a last logical minibatch shorter than ``batch_size`` (default False, as SB3).
+    :param target_device: where gathered micro-batches are sent (default: the rollout's device).
+    :param order: ``n -> permutation of range(n)`` used when shuffling (default :func:`uniform_order`);
+        a prioritized sampler passes its own (it may repeat indices).
+    """
+
+    def __init__(
+        self,
+        rollout: DeviceRollout,
+        batch_size: int,
+        grad_accum_steps: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        target_device: th.device | None = None,
+        order: EpochOrder = uniform_order,
+    ) -> None:
+        self.rollout = rollout
+        self.batch_size = batch_size
+        self.grad_accum_steps = grad_accum_steps
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.target_device = rollout.device if target_device is None else target_device
+        self.order = order
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.rollout), self.batch_size)
+        return full + (rest > 0 and not self.drop_last)
+
+    def __iter__(self) -> Iterator[LogicalBatch]:
+        n_samples = len(self.rollout)
+        order = self.order(n_samples) if self.shuffle else np.arange(n_samples)
+        order_t = th.as_tensor(order, dtype=th.long).to(self.rollout.device, non_blocking=True)
+        for start in range(0, len(order), self.batch_size):
+            size = min(self.batch_size, len(order) - start)
+            if self.drop_last and size < self.batch_size:
+                return
+            indices = order_t[start : start + size]
+            yield LogicalBatch(self.rollout, indices, min(self.grad_accum_steps, size), self.target_device)
