@@ -1,0 +1,54 @@
+"""Shared test utilities: build a PPO and a ScalablePPO the same way and compare what they learned."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.logger import Logger, configure
+
+from sb3_ppo_scale import ScalablePPO
+
+
+def flat_params(model: PPO) -> th.Tensor:
+    return th.cat([p.detach().flatten() for p in model.policy.parameters()])
+
+
+def max_param_diff(a: PPO, b: PPO) -> float:
+    return (flat_params(a) - flat_params(b)).abs().max().item()
+
+
+class RecordingLogger(Logger):
+    """An SB3 logger that also remembers every value recorded (last value per key)."""
+
+    def __init__(self) -> None:
+        super().__init__(folder=None, output_formats=[])
+        self.seen: dict[str, Any] = {}
+
+    def record(self, key: str, value: Any, exclude: Any = None) -> None:
+        self.seen[key] = value
+        super().record(key, value, exclude)
+
+
+def train_pair(
+    make_env: Callable[[], Any] | str,
+    total_timesteps: int,
+    policy: str = "MlpPolicy",
+    scalable_kwargs: dict[str, Any] | None = None,
+    **common: Any,
+) -> tuple[PPO, ScalablePPO]:
+    """Train PPO and ScalablePPO with identical seeds/hyperparameters; returns both, each with a RecordingLogger."""
+    models = []
+    for cls, extra in ((PPO, {}), (ScalablePPO, scalable_kwargs or {})):
+        env = make_env if isinstance(make_env, str) else make_env()
+        model = cls(policy, env, seed=0, device="cpu", **common, **extra)
+        model.set_logger(RecordingLogger())
+        model.learn(total_timesteps)
+        models.append(model)
+    return models[0], models[1]
+
+
+def unused_logger() -> Logger:
+    return configure(None, [])

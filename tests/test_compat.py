@@ -1,0 +1,140 @@
+"""ScalablePPO works wherever PPO works, and learns exactly what PPO learns there."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.envs import (
+    IdentityEnv,
+    IdentityEnvBox,
+    IdentityEnvMultiBinary,
+    IdentityEnvMultiDiscrete,
+    SimpleMultiObsEnv,
+)
+from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
+
+from sb3_ppo_scale import ScalablePPO
+from tests.helpers import max_param_diff, train_pair
+
+SMALL = dict(n_steps=64, batch_size=32, n_epochs=2)
+
+ENVS = {
+    "discrete": lambda: IdentityEnv(5),
+    "box": lambda: IdentityEnvBox(),
+    "multidiscrete": lambda: IdentityEnvMultiDiscrete(3),
+    "multibinary": lambda: IdentityEnvMultiBinary(3),
+}
+
+
+@pytest.mark.parametrize("space", sorted(ENVS))
+@pytest.mark.parametrize("grad_accum_steps", [1, 4])
+def test_action_spaces_match_ppo(space: str, grad_accum_steps: int) -> None:
+    ppo, ours = train_pair(ENVS[space], 2 * 64, scalable_kwargs=dict(grad_accum_steps=grad_accum_steps), **SMALL)
+    assert max_param_diff(ppo, ours) <= 1e-5
+
+
+def test_dict_observations_match_ppo() -> None:
+    ppo, ours = train_pair(lambda: SimpleMultiObsEnv(random_start=False), 2 * 64, policy="MultiInputPolicy", **SMALL)
+    assert max_param_diff(ppo, ours) == 0.0
+
+
+def test_gsde_matches_ppo() -> None:
+    kwargs = dict(use_sde=True, sde_sample_freq=4, **SMALL)
+    ppo, ours = train_pair("Pendulum-v1", 2 * 64, scalable_kwargs=dict(grad_accum_steps=2), **kwargs)
+    assert max_param_diff(ppo, ours) <= 1e-5
+
+
+def _atari() -> VecFrameStack:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return VecFrameStack(make_atari_env("ALE/Pong-v5", n_envs=2, seed=0), n_stack=4)
+
+
+def test_atari_cnn_policy_matches_ppo_and_keeps_uint8() -> None:
+    ppo, ours = train_pair(_atari, 2 * 32 * 2, policy="CnnPolicy", n_steps=32, batch_size=32, n_epochs=1)
+    assert max_param_diff(ppo, ours) <= 1e-5
+    staged = ours._stage_rollout()
+    assert staged.observations.dtype == th.uint8
+    assert tuple(staged.observations.shape) == (64, 4, 84, 84)  # channel-first after VecTransposeImage
+
+
+def test_vecnormalize_matches_ppo() -> None:
+    def make() -> VecNormalize:
+        return VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0))
+
+    ppo, ours = train_pair(make, 3 * 128, n_steps=64, batch_size=64, n_epochs=2)
+    assert max_param_diff(ppo, ours) <= 1e-5
+    np.testing.assert_allclose(ppo.get_vec_normalize_env().obs_rms.mean, ours.get_vec_normalize_env().obs_rms.mean)
+
+
+class CountingCallback(BaseCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.rollouts = 0
+
+    def _on_step(self) -> bool:
+        self.steps += 1
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.rollouts += 1
+
+
+def test_callbacks_progress_bar_and_tensorboard(tmp_path) -> None:
+    callback = CountingCallback()
+    model = ScalablePPO("MlpPolicy", "CartPole-v1", tensorboard_log=str(tmp_path), seed=0, device="cpu", **SMALL)
+    model.learn(3 * 64, callback=callback, progress_bar=True, tb_log_name="run")
+    assert callback.steps == 3 * 64 and callback.rollouts == 3
+    events = glob.glob(os.path.join(tmp_path, "run_1", "events.out.tfevents.*"))
+    assert len(events) == 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(events[0]).Reload().Tags()["scalars"]
+    assert {"train/approx_kl", "train/policy_gradient_loss", "train/n_grad_steps", "train/loss"} <= set(tags)
+
+
+def test_save_load_round_trip_and_continue(tmp_path) -> None:
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", grad_accum_steps=4, buffer_device="cpu", seed=0, device="cpu", **SMALL)
+    model.learn(2 * 64)
+    model.save(tmp_path / "model")
+
+    loaded = ScalablePPO.load(tmp_path / "model", device="cpu")
+    assert loaded.grad_accum_steps == 4 and loaded.buffer_device == "cpu"
+    assert loaded._n_grad_steps == model._n_grad_steps == 2 * 2 * 2
+    assert loaded._rollout_stager is None  # loading for inference allocates no device rollout
+    assert max_param_diff(model, loaded) == 0.0
+    obs = np.zeros((1, 3), dtype=np.float32)
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+
+    loaded.set_env(make_vec_env("Pendulum-v1", n_envs=1, seed=1))
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 3 * 64
+    assert loaded._n_grad_steps == 2 * 2 * 2 + 2 * 2
+
+
+def test_load_rejects_bad_new_argument(tmp_path) -> None:
+    ScalablePPO("MlpPolicy", "CartPole-v1", device="cpu", **SMALL).save(tmp_path / "m")
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        ScalablePPO.load(tmp_path / "m", grad_accum_steps=0)
+
+
+def test_is_a_ppo_and_continues_like_ppo() -> None:
+    """learn() twice in a row equals PPO doing the same."""
+    models = []
+    for cls in (PPO, ScalablePPO):
+        model = cls("MlpPolicy", DummyVecEnv([lambda: gym.make("CartPole-v1")]), seed=1, device="cpu", **SMALL)
+        model.learn(64)
+        model.learn(64, reset_num_timesteps=False)
+        models.append(model)
+    assert isinstance(models[1], PPO)
+    assert max_param_diff(*models) == 0.0

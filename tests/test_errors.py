@@ -1,0 +1,51 @@
+"""Bad input gets a clear error at construction, naming the argument and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch as th
+
+from sb3_ppo_scale import ScalablePPO
+
+
+def build(**kwargs):
+    params = dict(n_steps=64, device="cpu")
+    params.update(kwargs)
+    return ScalablePPO("MlpPolicy", "CartPole-v1", **params)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (dict(grad_accum_steps=0), r"grad_accum_steps must be an int >= 1, got 0"),
+        (dict(grad_accum_steps=2.5), r"grad_accum_steps must be an int >= 1"),
+        (dict(grad_accum_steps=True), r"grad_accum_steps must be an int >= 1"),
+        (dict(batch_size=8, grad_accum_steps=9), r"grad_accum_steps must be between 1 and batch_size=8"),
+        (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),
+        (dict(batch_size=0, normalize_advantage=False), r"batch_size must be an int >= 1"),
+        (dict(batch_size=128), r"batch_size must be between 1 and n_steps \* n_envs = 64 \* 1 = 64"),
+        (dict(buffer_device="gpu0"), r"buffer_device must be"),
+        (dict(buffer_device="tpu"), r"buffer_device must be"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        build(**kwargs)
+
+
+@pytest.mark.skipif(th.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_cuda_buffer_without_cuda() -> None:
+    with pytest.raises(ValueError, match=r"buffer_device='cuda' but CUDA is not available"):
+        build(buffer_device="cuda")
+
+
+def test_batch_of_one_is_allowed_without_normalisation() -> None:
+    model = build(batch_size=1, normalize_advantage=False, n_epochs=1)
+    model.learn(64)
+    assert model._n_grad_steps == 64
+
+
+def test_whole_rollout_batch_is_first_class() -> None:
+    model = build(batch_size=64, grad_accum_steps=8, n_epochs=3)
+    model.learn(128)
+    assert model._n_grad_steps == 2 * 3
