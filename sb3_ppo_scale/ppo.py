@@ -87,10 +87,15 @@ class ScalablePPO(PPO):
     def _stage_rollout(self) -> DeviceRollout:
         if self._rollout_stager is None:
             self._rollout_stager = RolloutStager(self._buffer_device)
-        return self._rollout_stager.stage(self.rollout_buffer)
+        rollout = self._rollout_stager.stage(self.rollout_buffer)
+        prepare = getattr(self.rollout_buffer, "prepare_rollout", None)  # e.g. PrioritizedRolloutBuffer: weights, retained samples
+        return rollout if prepare is None else prepare(rollout)
 
     def _make_loader(self, rollout: DeviceRollout) -> MinibatchLoader:
-        return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device)
+        order = getattr(self.rollout_buffer, "epoch_order", None)  # a buffer may supply each epoch's sample order
+        if order is None:
+            return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device)
+        return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device, order=order)
 
     def _train_epoch(self, loader: MinibatchLoader, settings: LossSettings, stats: TrainStats, epoch: int) -> bool:
         """One pass over the rollout; returns True when ``target_kl`` stopped training."""
@@ -144,3 +149,6 @@ class ScalablePPO(PPO):
         self.logger.record("train/clip_range", settings.clip_range)
         if settings.clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", settings.clip_range_vf)
+        buffer_log = getattr(self.rollout_buffer, "train_log", None)  # e.g. train/retained_fraction
+        for key, value in ({} if buffer_log is None else buffer_log()).items():
+            self.logger.record(key, value)
