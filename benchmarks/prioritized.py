@@ -191,18 +191,17 @@ def main() -> None:
     parser.add_argument("--envs", nargs="*", default=list(ENVS))
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply every step budget (quick checks)")
-    parser.add_argument("--shard", default="0/1", help="i/n: run only every n-th missing job starting at i")
+    parser.add_argument("--shard", default="0/1", help="i/n: of all jobs, only every n-th starting at i (then those missing)")
     parser.add_argument("--out", type=Path, default=Path("runs/prioritized"))
     args = parser.parse_args()
     if args.command == "report":
         report(args.out, args.points)
         return
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = [(env_id, config, seed, int(ENVS[env_id][0] * args.steps_scale), args.out)
-            for seed in range(args.seeds) for env_id in args.envs for config in args.configs
-            if not run_path(args.out, env_id, config, seed).exists()]
     shard, n_shards = (int(v) for v in args.shard.split("/"))
-    jobs = jobs[shard::n_shards]
+    jobs = [(env_id, config, seed, int(ENVS[env_id][0] * args.steps_scale), args.out)
+            for seed in range(args.seeds) for env_id in args.envs for config in args.configs][shard::n_shards]
+    jobs = [job for job in jobs if not run_path(args.out, *job[:3]).exists()]
     print(f"{len(jobs)} runs to do with {args.workers} workers", flush=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with ProcessPoolExecutor(args.workers) as pool:
