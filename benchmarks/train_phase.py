@@ -1,0 +1,128 @@
+"""Update-phase throughput: SB3 PPO.train() against ScalablePPO.train() on the same synthetic rollout.
+
+For each rollout shape (HalfCheetah-like: obs 17 float32, 6-d Box actions, MLP; Atari-like: 4x84x84 uint8,
+Discrete(6), CnnPolicy) and each batch size, both models train on identical data in this process, alternating
+PPO / ScalablePPO for ``--repeats`` rounds after one warm-up each; samples/s is ``n_epochs * N / seconds``
+and the ratio is ScalablePPO / PPO of the medians. Then the peak memory of one train() call, not counting the
+rollout storage (CUDA: max_memory_allocated above what was allocated before the call; CPU: the torch
+profiler's memory timeline, peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
+batch 4 096 without accumulation.
+
+    python benchmarks/train_phase.py [--device cpu|cuda] [--repeats 3] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch as th
+from stable_baselines3 import PPO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine_line, median, sync, synthetic_model, timed  # noqa: E402
+from sb3_ppo_scale import ScalablePPO  # noqa: E402
+
+# shape -> (n_envs, n_steps, batch sizes, n_epochs)
+CONFIGS = {
+    "halfcheetah": (16, 4096, [64, 256, 1024, 4096, 16384, 65536], 1),
+    "atari": (8, 1024, [256, 1024, 4096, 8192], 1),
+}
+
+
+def throughput_rows(shape: str, device: str, repeats: int) -> list[dict]:
+    n_envs, n_steps, batches, n_epochs = CONFIGS[shape]
+    n_samples = n_envs * n_steps
+    rows = []
+    for batch in batches:
+        models = {
+            cls.__name__: synthetic_model(cls, shape, n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs)
+            for cls in (PPO, ScalablePPO)
+        }
+        for model in models.values():  # warm-up: allocator, kernels, ScalablePPO's staging buffers
+            model.train()
+        seconds: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(repeats):
+            for name, model in models.items():
+                seconds[name].append(timed(model.train, device))
+        rate = {name: n_epochs * n_samples / median(s) for name, s in seconds.items()}
+        rows.append(dict(batch=batch, ppo=rate["PPO"], ours=rate["ScalablePPO"], ratio=rate["ScalablePPO"] / rate["PPO"]))
+        print(f"{shape:12s} batch {batch:6d}: PPO {rate['PPO']:12,.0f}  ScalablePPO {rate['ScalablePPO']:12,.0f}  "
+              f"ratio {rows[-1]['ratio']:.2f}", flush=True)
+        del models
+    return rows
+
+
+def peak_train_memory(model: PPO, device: str) -> int:
+    """Bytes allocated at peak by one train() call above what was live before it (rollout storage excluded)."""
+    model.train()  # allocate the device rollout and optimizer state first
+    if device.startswith("cuda"):
+        sync(device)
+        before = th.cuda.memory_allocated()
+        th.cuda.reset_peak_memory_stats()
+        model.train()
+        sync(device)
+        return th.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        model.train()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline(th.device("cpu"))
+    totals = np.asarray(sizes).sum(axis=1)
+    return int(totals.max() - totals[0])
+
+
+def memory_rows(device: str) -> list[dict]:
+    n_envs, n_steps = 16, 4096
+    settings = [("PPO", PPO, 4096, {}), ("ScalablePPO", ScalablePPO, 4096, {}),
+                ("PPO", PPO, 65536, {}), ("ScalablePPO", ScalablePPO, 65536, {}),
+                ("ScalablePPO", ScalablePPO, 65536, {"grad_accum_steps": 16})]
+    rows = []
+    for name, cls, batch, extra in settings:
+        model = synthetic_model(cls, "halfcheetah", n_envs, n_steps, device, batch_size=batch, n_epochs=1, **extra)
+        peak = peak_train_memory(model, device)
+        rows.append(dict(name=name, batch=batch, accum=extra.get("grad_accum_steps", 1), peak=peak))
+        print(f"memory {name:12s} batch {batch:6d} accum {rows[-1]['accum']:2d}: {peak / 2**20:8.2f} MiB", flush=True)
+    return rows
+
+
+def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: list[dict]) -> str:
+    lines = [f"# Update-phase throughput, {device}", "",
+             f"Produced by `python benchmarks/train_phase.py --device {device} --repeats {repeats}` on "
+             f"{datetime.date.today()}; {machine_line(device)}.", "",
+             "Samples/s through `train()` on the same synthetic rollout, medians over "
+             f"{repeats} alternating repeats after a warm-up; ratio = ScalablePPO / SB3 PPO.", ""]
+    for shape, rows in tables.items():
+        n_envs, n_steps, _, n_epochs = CONFIGS[shape]
+        lines += [f"## {shape}-shaped rollout (N = {n_envs * n_steps:,}, n_epochs = {n_epochs})", "",
+                  "| batch | SB3 PPO samples/s | ScalablePPO samples/s | ratio |", "|---:|---:|---:|---:|"]
+        lines += [f"| {r['batch']:,} | {r['ppo']:,.0f} | {r['ours']:,.0f} | {r['ratio']:.2f} |" for r in rows]
+        lines.append("")
+    base = next(r["peak"] for r in memory if r["name"] == "ScalablePPO" and r["batch"] == 4096)
+    lines += ["## Peak memory of one train() call, rollout storage excluded (HalfCheetah-shaped, N = 65,536)", "",
+              "| model | batch | grad_accum_steps | peak MiB | vs ScalablePPO batch 4,096 |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['name']} | {r['batch']:,} | {r['accum']} | {r['peak'] / 2**20:.2f} | {r['peak'] / base:.2f}x |"
+              for r in memory]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if th.cuda.is_available() else "cpu")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timed repeats per setting (default 3)")
+    parser.add_argument("--shapes", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    tables = {shape: throughput_rows(shape, args.device, args.repeats) for shape in args.shapes}
+    memory = memory_rows(args.device)
+    out = Path(args.out) / f"train_phase_{args.device.split(':')[0]}.md"
+    out.write_text(render(args.device, args.repeats, tables, memory))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
