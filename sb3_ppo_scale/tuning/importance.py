@@ -1,0 +1,131 @@
+"""Importance of each searched parameter from a finished study, stars, top-decile ranges and bootstrap stability.
+
+Evaluators (COMPLETE trials only):
+
+- ``ped_anova``: PED-ANOVA, global (``evaluate_on_local=False``), top 10% of trials as the target. It assumes lower
+  is better, so it is given the negated return.
+- ``fanova``: fANOVA (random forest, 64 trees, fixed seed 0; needs scikit-learn).
+
+Both are normalised to sum to 1 over the parameters. Stars rule (same 1-4 scale as the documented table, whose top
+parameter has 4): ``stars = max(1, ceil(4 * importance / largest importance))``, so the top parameter gets 4 stars,
+one with at least 3/4 of its importance 4, at least 1/2 -> 3, at least 1/4 -> 2, otherwise 1.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import optuna
+from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
+from optuna.trial import FrozenTrial, TrialState
+
+EVALUATORS = ("ped_anova", "fanova")
+EVALUATOR_TITLES = {"ped_anova": "PED-ANOVA", "fanova": "fANOVA"}
+STARS_RULE = ("stars = max(1, ceil(4 x importance / top importance)): the top parameter gets 4, >= 3/4 of the top's "
+              "importance 4, >= 1/2 3, >= 1/4 2, else 1")
+TOP_FRACTION = 0.1
+
+
+def _evaluator(name: str) -> optuna.importance.BaseImportanceEvaluator:
+    if name == "ped_anova":
+        return PedAnovaImportanceEvaluator(target_quantile=TOP_FRACTION, evaluate_on_local=False)
+    return FanovaImportanceEvaluator(seed=0)
+
+
+def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """COMPLETE trials with a finite value, in trial-number order."""
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return sorted((t for t in trials if t.value is not None and math.isfinite(t.value)), key=lambda t: t.number)
+
+
+def _as_study(trials: list[FrozenTrial]) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(trials)
+    return study
+
+
+def importances(trials: list[FrozenTrial], params: list[str], evaluator: str) -> dict[str, float]:
+    """Normalised importance of ``params`` (Optuna names) over ``trials`` (higher value = better).
+
+    Raises ValueError when the trials cannot separate the parameters (e.g. every value equal).
+    """
+    study = _as_study(trials)
+    target = (lambda t: -float(t.value)) if evaluator == "ped_anova" else None  # PED-ANOVA minimises its target
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*low `target` values.*")  # intended: we negate the return
+        warnings.filterwarnings("ignore", message=".*select the same set of trials.*")
+        try:
+            result = optuna.importance.get_param_importances(study, evaluator=_evaluator(evaluator), params=params,
+                                                             target=target, normalize=True)
+        except RuntimeError as error:  # fANOVA: "zero total variance in all trees"
+            raise ValueError(f"{evaluator}: {error}") from None
+    values = {name: float(result.get(name, 0.0)) for name in params}
+    if not all(math.isfinite(v) for v in values.values()) or sum(values.values()) <= 0:
+        raise ValueError(f"{evaluator}: degenerate importances {values}")
+    return values
+
+
+def stars(values: dict[str, float]) -> dict[str, int]:
+    """Map importances to 1-4 stars by :data:`STARS_RULE`."""
+    top = max(values.values())
+    if top <= 0:
+        return {name: 1 for name in values}
+    return {name: max(1, math.ceil(4 * value / top - 1e-9)) for name, value in values.items()}
+
+
+def top_range(trials: list[FrozenTrial], name: str) -> tuple[float, float]:
+    """(min, max) of Optuna parameter ``name`` over the best ``ceil(10%)`` trials (at least 1)."""
+    best = sorted(trials, key=lambda t: (-float(t.value), t.number))[: max(1, math.ceil(TOP_FRACTION * len(trials)))]
+    values = [float(t.params[name]) for t in best]
+    return min(values), max(values)
+
+
+@dataclass(frozen=True)
+class Stability:
+    """Bootstrap over trials: 5-95% interval of each importance and how often each parameter keeps its rank."""
+
+    low: dict[str, float]
+    high: dict[str, float]
+    same_rank: dict[str, float]
+    same_top: float
+    n_resamples: int
+    n_degenerate: int = 0
+
+
+def bootstrap(trials: list[FrozenTrial], params: list[str], evaluator: str, point: dict[str, float],
+              n_resamples: int, seed: int = 0) -> Stability:
+    """Resample trials with replacement ``n_resamples`` times (fixed seed) and recompute the importance."""
+    rng = np.random.default_rng(seed)
+    point_rank = _ranks(point)
+    samples, same_rank, same_top, degenerate = [], dict.fromkeys(params, 0), 0, 0
+    for _ in range(n_resamples):
+        picked = [trials[i] for i in rng.integers(0, len(trials), len(trials))]
+        try:
+            values = importances(picked, params, evaluator)
+        except ValueError:  # a resample without spread in its values: counted, left out
+            degenerate += 1
+            continue
+        samples.append([values[p] for p in params])
+        ranks = _ranks(values)
+        for p in params:
+            same_rank[p] += ranks[p] == point_rank[p]
+        same_top += max(values, key=values.__getitem__) == max(point, key=point.__getitem__)
+    array = np.asarray(samples).reshape(len(samples), len(params))
+    n = max(1, len(samples))
+    return Stability(
+        low={p: float(np.percentile(array[:, i], 5)) for i, p in enumerate(params)} if samples else {},
+        high={p: float(np.percentile(array[:, i], 95)) for i, p in enumerate(params)} if samples else {},
+        same_rank={p: same_rank[p] / n for p in params},
+        same_top=same_top / n,
+        n_resamples=len(samples),
+        n_degenerate=degenerate,
+    )
+
+
+def _ranks(values: dict[str, float]) -> dict[str, int]:
+    order = sorted(values, key=lambda name: (-values[name], name))
+    return {name: rank for rank, name in enumerate(order, start=1)}

@@ -1,0 +1,62 @@
+"""PNG figures of a report: importance bar chart (all studies) and one slice plot per study (plain matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from optuna.trial import FrozenTrial  # noqa: E402
+
+from sb3_ppo_scale.tuning.importance import EVALUATOR_TITLES, TOP_FRACTION  # noqa: E402
+
+#: Fixed PNG metadata so that a report of a fixed study is byte-identical across runs.
+PNG_METADATA = {"Software": None}
+
+
+def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]], labels: dict[str, str]) -> None:
+    """Horizontal grouped bars: for each parameter, one bar per (study, evaluator). ``results[study][evaluator]``."""
+    params = list(labels)
+    groups = [(study, ev) for study in results for ev in results[study]]
+    height = 0.8 / max(1, len(groups))
+    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.9 * len(params)))
+    for index, (study, ev) in enumerate(groups):
+        values = [results[study][ev].get(p, 0.0) for p in params]
+        positions = np.arange(len(params)) + index * height
+        ax.barh(positions, values, height=height, label=f"{study} - {EVALUATOR_TITLES[ev]}")
+    ax.set_yticks(np.arange(len(params)) + 0.4 - height / 2, [labels[p] for p in params])
+    ax.invert_yaxis()
+    ax.set_xlabel("normalised importance (sums to 1 per study and evaluator)")
+    ax.set_title("PPO hyperparameter importance")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
+    plt.close(fig)
+
+
+def slice_plot(path: Path, title: str, trials: list[FrozenTrial], labels: dict[str, str], log_axes: set[str]) -> None:
+    """Objective against each parameter; the top 10% of trials are highlighted. ``log2_*`` axes show 2**x ticks."""
+    params = list(labels)
+    values = np.array([float(t.value) for t in trials])
+    cutoff = np.sort(values)[::-1][max(1, int(np.ceil(TOP_FRACTION * len(values)))) - 1]
+    top = values >= cutoff
+    fig, axes = plt.subplots(1, len(params), figsize=(3.0 * len(params), 3.0), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], params):
+        xs = np.array([float(t.params[name]) for t in trials])
+        ax.scatter(xs[~top], values[~top], s=14, color="tab:blue", alpha=0.7, label="trials")
+        ax.scatter(xs[top], values[top], s=22, color="tab:red", label=f"top {TOP_FRACTION:.0%}")
+        ax.set_xlabel(labels[name])
+        if name.startswith("log2_"):
+            ticks = np.arange(np.floor(xs.min()), np.ceil(xs.max()) + 1)
+            ax.set_xticks(ticks, [str(int(2**t)) for t in ticks], fontsize=7)
+        elif name in log_axes:
+            ax.set_xscale("log")
+    axes[0][0].set_ylabel("objective (mean evaluation return)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata=PNG_METADATA)
+    plt.close(fig)

@@ -1,0 +1,174 @@
+"""Run a study: one Optuna study per env, trials spread over worker processes, resumable, capped at ``n_trials``.
+
+Each env's study is created or loaded (re-running the same command resumes it), orphaned trials of killed workers
+are failed and re-enqueued, then the trials still missing are split over ``workers`` processes. Every worker also
+stops when the study holds ``n_trials`` finished trials (``MaxTrialsCallback``), so several ``tune`` commands on
+one database overshoot by at most (all their workers - 1). One line is printed per finished trial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
+from optuna.study import MaxTrialsCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from sb3_ppo_scale.tuning.objective import decode_params, make_objective
+from sb3_ppo_scale.tuning.spec import StudySpec
+from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, worker_id
+
+
+class TrialSeededRandomSampler(BaseSampler):
+    """Uniform random sampling whose draw depends only on (seed, trial number, parameter name).
+
+    Unlike ``RandomSampler(seed)`` shared by several processes, workers never draw the same points, and a study's
+    points do not depend on which worker ran which trial.
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        digest = hashlib.sha256(f"{self._seed}/{trial.number}/{param_name}".encode()).digest()
+        sampler = RandomSampler(seed=int.from_bytes(digest[:4], "little"))
+        return sampler.sample_independent(study, trial, param_name, param_distribution)
+
+
+def make_sampler(spec: StudySpec) -> BaseSampler:
+    """The spec's sampler: ``sobol`` (scrambled, seeded), ``random`` (seeded per trial) or ``tpe`` (constant liar)."""
+    name, seed = spec.sampler.get("name", "sobol"), int(spec.sampler.get("seed", 0))
+    if name == "sobol":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return QMCSampler(qmc_type="sobol", scramble=True, seed=seed, independent_sampler=TrialSeededRandomSampler(seed),
+                              warn_asynchronous_seeding=False, warn_independent_sampling=False)
+    if name == "random":
+        return TrialSeededRandomSampler(seed)
+    return TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=8)
+
+
+def make_pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
+    """``median`` (search mode) or no pruning."""
+    if spec.pruner.get("name") == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
+
+
+def counted_states(spec: StudySpec) -> tuple[TrialState, ...]:
+    """Trial states that count towards ``n_trials``: complete (and pruned in search mode)."""
+    return (TrialState.COMPLETE, TrialState.PRUNED) if spec.mode == "search" else (TrialState.COMPLETE,)
+
+
+def resolve_storage(spec: StudySpec, storage: str | None = None) -> str:
+    """``--storage`` if given, else the spec's storage, else ``<output_dir>/<name>.journal``."""
+    return storage or spec.storage or str(spec.output_dir / f"{spec.name}.journal")
+
+
+def open_study(spec: StudySpec, env_id: str, storage: str) -> optuna.Study:
+    """Create or load the env's study (maximize) with the spec's sampler and pruner."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        storage=open_storage(storage), study_name=spec.study_name(env_id), direction="maximize",
+        sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True,
+    )
+    study.set_user_attr("env_id", env_id)
+    study.set_user_attr("objective", spec.evaluation.objective)
+    study.set_user_attr("space", {p.optuna_name: p.name for p in spec.space})
+    return study
+
+
+def format_trial(study_name: str, trial: FrozenTrial, spec: StudySpec) -> str:
+    """One progress line: study, trial number, state, value, elapsed seconds, decoded params."""
+    value = "-" if trial.value is None else f"{trial.value:.2f}"
+    elapsed = trial.duration.total_seconds() if trial.duration is not None else float("nan")
+    try:
+        params = decode_params(spec, trial.params)
+    except KeyError:
+        params = trial.params
+    shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    return f"[{study_name}] trial {trial.number:4d} {trial.state.name:8s} value={value:>9s} elapsed={elapsed:6.1f}s {shown}"
+
+
+def _progress(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], None]:
+    def callback(study: optuna.Study, trial: FrozenTrial) -> None:
+        print(format_trial(study.study_name, trial, spec), flush=True)
+
+    return callback
+
+
+def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total: int) -> None:
+    """One worker: run up to ``n_trials`` trials, stop early once the study holds ``total`` counted trials."""
+    import torch
+
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=spec.study_name(env_id), storage=open_storage(storage),
+                              sampler=make_sampler(spec), pruner=make_pruner(spec))
+    objective = make_objective(spec, env_id)
+
+    def owned_objective(trial: optuna.Trial) -> float:
+        trial.set_user_attr(WORKER_ATTR, worker_id())
+        return objective(trial)
+
+    stop = MaxTrialsCallback(total, states=counted_states(spec))
+    study.optimize(owned_objective, n_trials=n_trials, callbacks=[stop, _progress(spec)], catch=())
+
+
+def split(n: int, workers: int) -> list[int]:
+    """``n`` trials over ``workers`` processes as evenly as possible (zeros dropped)."""
+    return [q for q in (n // workers + (i < n % workers) for i in range(workers)) if q > 0]
+
+
+def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage: str | None = None) -> int:
+    """Run (or resume) the spec's studies; returns 0 when every study holds ``n_trials`` counted trials, else 1."""
+    if workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    total = spec.n_trials if n_trials is None else n_trials
+    if total < 1:
+        raise ValueError(f"n_trials must be an int >= 1, got {total!r}")
+    url = resolve_storage(spec, storage)
+    studies = {env_id: open_study(spec, env_id, url) for env_id in spec.envs}  # every storage error before trials
+    status = 0
+    for env_id, study in studies.items():
+        status |= _tune_env(spec, env_id, study, url, total, workers)
+    return status
+
+
+def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total: int, workers: int) -> int:
+    failed = recover_stale_trials(study)
+    if failed:
+        print(f"[{study.study_name}] failed stale trials {failed} of dead workers; their parameters are re-queued", flush=True)
+    done = len(study.get_trials(deepcopy=False, states=counted_states(spec)))
+    quotas = split(max(0, total - done), workers)
+    print(f"[{study.study_name}] {done}/{total} trials done; running {sum(quotas)} on {len(quotas)} worker(s); storage {url}", flush=True)
+    started = time.monotonic()
+    if len(quotas) == 1:
+        run_worker(spec, env_id, url, quotas[0], total)
+    elif quotas:
+        context = multiprocessing.get_context("spawn")
+        processes = [context.Process(target=run_worker, args=(spec, env_id, url, q, total), daemon=False) for q in quotas]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join()
+        bad = [p.exitcode for p in processes if p.exitcode != 0]
+        if bad:
+            print(f"[{study.study_name}] {len(bad)} worker(s) exited with codes {bad}", file=sys.stderr, flush=True)
+    done = len(study.get_trials(deepcopy=False, states=counted_states(spec)))
+    print(f"[{study.study_name}] {done}/{total} trials done after {time.monotonic() - started:.0f}s", flush=True)
+    return 0 if done >= total else 1

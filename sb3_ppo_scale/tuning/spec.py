@@ -1,0 +1,336 @@
+"""Study specs: load a YAML file into a validated :class:`StudySpec`; every mistake is a ValueError before any trial.
+
+A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``envs`` and ``space`` have defaults:
+
+- ``name`` (str): the study name; one Optuna study per env is named ``"{name}:{env_id}"``.
+- ``mode``: ``sensitivity`` (default; random or Sobol sampling, no pruning: global importance) or ``search``
+  (TPE, optional median pruning: finds a good configuration, importance from it is biased).
+- ``envs`` (list of Gymnasium ids), ``timesteps`` (env steps per trial and seed, default 50 000),
+  ``seeds_per_trial`` (default 1; every trial trains with seeds ``seed, seed + 1, ...``; ``seed`` default 0).
+- ``evaluation``: ``eval_freq`` (env steps between evaluations, default ``timesteps // 5``), ``n_episodes``
+  (default 5), ``deterministic`` (default true), ``objective``: ``auc`` (default; mean of the evaluation returns over
+  the run = area under the evaluation curve / timesteps) or ``final`` (mean return of the last evaluation).
+- ``base``: fixed ScalablePPO arguments (``policy``, ``n_steps``, ``gamma``, ...), plus ``n_envs`` (default 1) and
+  ``normalize`` (VecNormalize on observations and rewards, default false). ``policy_kwargs.activation_fn`` is a
+  name: tanh, relu, elu, leaky_relu.
+- ``space``: ScalablePPO argument -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
+  ``schedule: linear`` (floats only) decays the value linearly to 0 over training.
+- ``sampler``: ``{name: random|sobol|tpe, seed}`` (default sobol for sensitivity, tpe for search);
+  ``pruner``: ``{name: none|median}`` (median only in search mode).
+- ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
+  journal file path; or an RDB URL such as ``postgresql://user:pw@host/db``), ``output_dir`` (default
+  ``results/<name>``, relative to the spec file).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import yaml
+
+from sb3_ppo_scale.ppo import ScalablePPO
+
+TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
+            "sampler", "pruner", "n_trials", "storage", "output_dir"}
+EVAL_KEYS = {"eval_freq", "n_episodes", "deterministic", "objective"}
+PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "schedule"}
+MODES = ("sensitivity", "search")
+OBJECTIVES = ("auc", "final")
+SAMPLERS = {"sensitivity": ("random", "sobol"), "search": ("tpe", "random", "sobol")}
+PRUNERS = {"sensitivity": ("none",), "search": ("none", "median")}
+PARAM_TYPES = ("float", "int", "pow2", "categorical")
+SCHEDULES = ("constant", "linear")
+ACTIVATIONS = ("tanh", "relu", "elu", "leaky_relu")
+#: Base-config keys that are not ScalablePPO arguments.
+EXTRA_BASE_KEYS = {"n_envs", "normalize"}
+#: ScalablePPO arguments a spec may not set (the tuner owns them).
+RESERVED_ARGS = {"self", "env", "seed", "_init_setup_model", "args", "kwargs", "tensorboard_log"}
+PPO_ARGS = (set(inspect.signature(ScalablePPO.__init__).parameters)
+            | set(inspect.signature(ScalablePPO.__mro__[1].__init__).parameters)) - RESERVED_ARGS
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched argument. ``pow2`` samples the exponent: Optuna sees ``log2_<name>`` in [log2 low, log2 high]."""
+
+    name: str
+    type: str
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: int | float | None = None
+    choices: tuple[Any, ...] = ()
+    schedule: str = "constant"
+
+    @property
+    def optuna_name(self) -> str:
+        """The parameter's name inside the Optuna study."""
+        return f"log2_{self.name}" if self.type == "pow2" else self.name
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Evaluation protocol: ``n_episodes`` episodes every ``eval_freq`` env steps, then reduce with ``objective``."""
+
+    eval_freq: int
+    n_episodes: int = 5
+    deterministic: bool = True
+    objective: str = "auc"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A validated study spec. ``path`` is the YAML file it came from (None when built from a dict)."""
+
+    name: str
+    envs: tuple[str, ...]
+    space: tuple[ParamSpec, ...]
+    evaluation: EvalSpec
+    mode: str = "sensitivity"
+    timesteps: int = 50_000
+    seeds_per_trial: int = 1
+    seed: int = 0
+    base: dict[str, Any] = field(default_factory=dict)
+    sampler: dict[str, Any] = field(default_factory=dict)
+    pruner: dict[str, Any] = field(default_factory=dict)
+    n_trials: int = 32
+    storage: str | None = None
+    output_dir: Path = Path(".")
+    path: Path | None = None
+
+    def study_name(self, env_id: str) -> str:
+        """The Optuna study name for ``env_id``."""
+        return f"{self.name}:{env_id}"
+
+    @property
+    def n_envs(self) -> int:
+        return int(self.base.get("n_envs", 1))
+
+    @property
+    def rollout_size(self) -> int:
+        """Samples per rollout: ``n_steps * n_envs`` (SB3 default n_steps 2048)."""
+        return int(self.base.get("n_steps", 2048)) * self.n_envs
+
+
+# --------------------------------------------------------------------------------------------------- loading
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and validate a YAML study spec; relative ``output_dir``/journal paths are relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"spec file {str(path)!r} does not exist")
+    with path.open() as handle:
+        raw = yaml.safe_load(handle)
+    return spec_from_dict(raw, base_dir=path.parent, path=path)
+
+
+def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = None) -> StudySpec:
+    """Validate a parsed spec mapping (see the module docstring for the keys)."""
+    raw = _mapping(raw, "spec")
+    _check_keys(raw, TOP_KEYS, "spec")
+    for key in ("name", "envs", "space"):
+        if key not in raw:
+            raise ValueError(f"spec: missing required key {key!r}")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"spec.name must be a non-empty string without ':', got {name!r}")
+    mode = _choice(raw.get("mode", "sensitivity"), MODES, "spec.mode")
+    timesteps = _positive_int(raw.get("timesteps", 50_000), "spec.timesteps")
+    base = _check_base(raw.get("base") or {})
+    space = _check_space(raw["space"], base)
+    spec = StudySpec(
+        name=name,
+        envs=_check_envs(raw["envs"]),
+        space=space,
+        evaluation=_check_eval(raw.get("evaluation") or {}, timesteps),
+        mode=mode,
+        timesteps=timesteps,
+        seeds_per_trial=_positive_int(raw.get("seeds_per_trial", 1), "spec.seeds_per_trial"),
+        seed=_int(raw.get("seed", 0), "spec.seed"),
+        base=base,
+        sampler=_check_sampler(raw.get("sampler") or {}, mode),
+        pruner=_check_pruner(raw.get("pruner") or {}, mode),
+        n_trials=_positive_int(raw.get("n_trials", 32), "spec.n_trials"),
+        storage=_check_storage(raw.get("storage"), base_dir),
+        output_dir=(base_dir / str(raw.get("output_dir", f"results/{name}"))),
+        path=path,
+    )
+    _check_batch_fits(spec)
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------ sections
+def _check_envs(envs: Any) -> tuple[str, ...]:
+    if isinstance(envs, str):
+        envs = [envs]
+    if not isinstance(envs, list) or not envs or not all(isinstance(e, str) for e in envs):
+        raise ValueError(f"spec.envs must be a non-empty list of Gymnasium env ids, got {envs!r}")
+    for env_id in envs:
+        try:
+            gym.spec(env_id)
+        except gym.error.Error as error:
+            raise ValueError(f"spec.envs: unknown env id {env_id!r} ({error})") from None
+    if len(set(envs)) != len(envs):
+        raise ValueError(f"spec.envs lists an env id twice: {envs!r}")
+    return tuple(envs)
+
+
+def _check_eval(raw: Any, timesteps: int) -> EvalSpec:
+    raw = _mapping(raw, "spec.evaluation")
+    _check_keys(raw, EVAL_KEYS, "spec.evaluation")
+    eval_freq = _positive_int(raw.get("eval_freq", max(1, timesteps // 5)), "spec.evaluation.eval_freq")
+    if eval_freq > timesteps:
+        raise ValueError(f"spec.evaluation.eval_freq must be between 1 and timesteps={timesteps}, got {eval_freq}")
+    deterministic = raw.get("deterministic", True)
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"spec.evaluation.deterministic must be true or false, got {deterministic!r}")
+    return EvalSpec(
+        eval_freq=eval_freq,
+        n_episodes=_positive_int(raw.get("n_episodes", 5), "spec.evaluation.n_episodes"),
+        deterministic=deterministic,
+        objective=_choice(raw.get("objective", "auc"), OBJECTIVES, "spec.evaluation.objective"),
+    )
+
+
+def _check_base(raw: Any) -> dict[str, Any]:
+    base = dict(_mapping(raw, "spec.base"))
+    _check_keys(base, PPO_ARGS | EXTRA_BASE_KEYS, "spec.base")
+    base.setdefault("policy", "MlpPolicy")
+    _positive_int(base.get("n_envs", 1), "spec.base.n_envs")
+    if not isinstance(base.get("normalize", False), bool):
+        raise ValueError(f"spec.base.normalize must be true or false, got {base['normalize']!r}")
+    kwargs = base.get("policy_kwargs")
+    if kwargs is not None:
+        kwargs = dict(_mapping(kwargs, "spec.base.policy_kwargs"))
+        if "activation_fn" in kwargs:
+            _choice(kwargs["activation_fn"], ACTIVATIONS, "spec.base.policy_kwargs.activation_fn")
+        base["policy_kwargs"] = kwargs
+    return base
+
+
+def _check_space(raw: Any, base: dict[str, Any]) -> tuple[ParamSpec, ...]:
+    raw = _mapping(raw, "spec.space")
+    if not raw:
+        raise ValueError("spec.space must name at least one ScalablePPO argument to search")
+    _check_keys(raw, PPO_ARGS - {"policy"}, "spec.space")
+    params = []
+    for name, entry in raw.items():
+        if name in base:
+            raise ValueError(f"spec.space.{name} is also fixed in spec.base; keep it in one of them")
+        params.append(_check_param(name, entry))
+    return tuple(params)
+
+
+def _check_param(name: str, raw: Any) -> ParamSpec:
+    where = f"spec.space.{name}"
+    raw = _mapping(raw, where)
+    _check_keys(raw, PARAM_KEYS, where)
+    kind = _choice(raw.get("type", "float"), PARAM_TYPES, f"{where}.type")
+    schedule = _choice(raw.get("schedule", "constant"), SCHEDULES, f"{where}.schedule")
+    if schedule != "constant" and kind != "float":
+        raise ValueError(f"{where}.schedule={schedule!r} needs type float, got type {kind!r}")
+    if kind == "categorical":
+        choices = raw.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ValueError(f"{where}.choices must be a non-empty list for type categorical, got {choices!r}")
+        return ParamSpec(name, kind, choices=tuple(choices))
+    if "low" not in raw or "high" not in raw:
+        raise ValueError(f"{where} needs both low and high for type {kind!r}")
+    low, high = raw["low"], raw["high"]
+    number = (int, float) if kind == "float" else (int,)
+    for key, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, number):
+            raise ValueError(f"{where}.{key} must be {'a number' if kind == 'float' else 'an int'}, got {value!r}")
+    if low > high:
+        raise ValueError(f"{where}: low must be <= high, got low={low} > high={high}")
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        raise ValueError(f"{where}.log must be true or false, got {log!r}")
+    if (log or kind == "pow2") and low <= 0:
+        raise ValueError(f"{where}: low must be > 0 for a log or pow2 range, got {low}")
+    if kind == "pow2":
+        for key, value in (("low", low), ("high", high)):
+            if value & (value - 1):
+                raise ValueError(f"{where}.{key} must be a power of two for type pow2, got {value}")
+    return ParamSpec(name, kind, low=low, high=high, log=log, step=raw.get("step"), schedule=schedule)
+
+
+def _check_sampler(raw: Any, mode: str) -> dict[str, Any]:
+    raw = dict(_mapping(raw, "spec.sampler"))
+    _check_keys(raw, {"name", "seed"}, "spec.sampler")
+    default = "sobol" if mode == "sensitivity" else "tpe"
+    allowed = SAMPLERS[mode]
+    name = raw.get("name", default)
+    if name not in allowed:
+        why = " (TPE concentrates samples near good points, which biases global importance)" if name == "tpe" else ""
+        raise ValueError(f"spec.sampler.name must be one of {allowed} in {mode} mode, got {name!r}{why}")
+    return {"name": name, "seed": _int(raw.get("seed", 0), "spec.sampler.seed")}
+
+
+def _check_pruner(raw: Any, mode: str) -> dict[str, Any]:
+    raw = dict(_mapping(raw, "spec.pruner"))
+    _check_keys(raw, {"name"}, "spec.pruner")
+    name = raw.get("name", "none")
+    if name not in PRUNERS[mode]:
+        why = " (pruned trials are left out of importance, which biases it)" if mode == "sensitivity" else ""
+        raise ValueError(f"spec.pruner.name must be one of {PRUNERS[mode]} in {mode} mode, got {name!r}{why}")
+    return {"name": name}
+
+
+def _check_storage(raw: Any, base_dir: Path) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"spec.storage must be null, a journal file path or an RDB URL, got {raw!r}")
+    return raw if "://" in raw else str(base_dir / raw)
+
+
+def _check_batch_fits(spec: StudySpec) -> None:
+    for param in spec.space:
+        if param.name == "batch_size":
+            biggest = max(param.choices) if param.type == "categorical" else param.high
+            if biggest > spec.rollout_size:  # type: ignore[operator]
+                raise ValueError(
+                    f"spec.space.batch_size reaches {biggest} but a rollout holds n_steps * n_envs = "
+                    f"{spec.rollout_size} samples; raise spec.base.n_steps or spec.base.n_envs"
+                )
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def _check_keys(raw: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _choice(value: Any, allowed: tuple[str, ...], where: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{where} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} must be an int, got {value!r}")
+    return value
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if _int(value, where) < 1:
+        raise ValueError(f"{where} must be an int >= 1, got {value!r}")
+    return value
+
+
+def pow2_bounds(param: ParamSpec) -> tuple[int, int]:
+    """Exponent range of a ``pow2`` parameter."""
+    return int(math.log2(param.low)), int(math.log2(param.high))  # type: ignore[arg-type]
