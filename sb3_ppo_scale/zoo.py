@@ -1,0 +1,411 @@
+"""RL Baselines3 Zoo-style configs, read safely, and the envs and models they describe.
+
+A config file is a YAML mapping from entry names to hyperparameters, in the zoo's format: one entry per env id
+(``atari`` for every Atari game), keys ``n_timesteps``, ``policy``, ``n_envs``, ``normalize``, ``env_wrapper``,
+``frame_stack``, ``env_kwargs`` and the algorithm's constructor arguments. Variants of an entry are named
+``<entry>@<variant>`` (e.g. ``HalfCheetah-v5@gpu``). Unlike the zoo, nothing is passed to ``eval``:
+``policy_kwargs`` / ``normalize`` strings go through :func:`parse_literal`, a literal parser that only knows
+``dict(...)``, numbers, strings, lists, tuples, booleans, ``None`` and the activation / optimizer names of
+:data:`SAFE_NAMES`. ``python -m sb3_ppo_scale.zoo`` runs rl_zoo3's own trainer with ``scalable_ppo`` registered
+(see :mod:`sb3_ppo_scale.zoo_main`).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch as th
+import yaml
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
+
+from sb3_ppo_scale.ppo import ScalablePPO
+
+#: The config shipped with the repository (``hyperparams/scalable_ppo.yml``).
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "hyperparams" / "scalable_ppo.yml"
+
+#: Keys that describe the envs and the run, not the model.
+ENV_KEYS = frozenset({"n_timesteps", "n_envs", "normalize", "env_wrapper", "frame_stack", "env_kwargs", "policy"})
+#: Hyperparameters that are schedules: a number or ``lin_<initial value>``.
+SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
+#: Module prefixes an ``env_wrapper`` class may be imported from.
+WRAPPER_MODULES = ("stable_baselines3.", "sb3_contrib.", "gymnasium.wrappers", "rl_zoo3.wrappers", "sb3_ppo_scale.")
+
+_ACTIVATIONS = ("ReLU", "Tanh", "ELU", "LeakyReLU", "SiLU", "GELU", "Sigmoid", "Identity", "Softplus", "Mish", "SELU")
+_OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "SGD", "Adamax")
+
+
+def _safe_names() -> dict[str, Any]:
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+    from stable_baselines3.common.torch_layers import FlattenExtractor, NatureCNN
+
+    names: dict[str, Any] = {}
+    for prefix in ("nn", "th.nn", "torch.nn"):
+        names.update({f"{prefix}.{name}": getattr(th.nn, name) for name in _ACTIVATIONS})
+    for prefix in ("optim", "th.optim", "torch.optim"):
+        names.update({f"{prefix}.{name}": getattr(th.optim, name) for name in _OPTIMIZERS})
+    for cls in (RMSpropTFLike, NatureCNN, FlattenExtractor):
+        names[cls.__name__] = cls
+        names[f"{cls.__module__}.{cls.__name__}"] = cls
+    return names
+
+
+#: Dotted names a ``policy_kwargs`` string may mention (activations, optimizers, SB3 feature extractors).
+SAFE_NAMES: dict[str, Any] = _safe_names()
+
+
+def _model_keys() -> frozenset[str]:
+    params = inspect.signature(ScalablePPO.__init__).parameters
+    from stable_baselines3 import PPO
+
+    keys = set(params) | set(inspect.signature(PPO.__init__).parameters)
+    return frozenset(keys - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
+
+
+#: Constructor arguments of ScalablePPO (PPO's plus ``grad_accum_steps`` and ``buffer_device``).
+MODEL_KEYS = _model_keys()
+
+
+# ------------------------------------------------------------------------------------------- literal parsing
+def _dotted_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted_name(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _literal(node: ast.AST, text: str) -> Any:  # noqa: C901 - one branch per allowed node type
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool, type(None))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand, text)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.List):
+        return [_literal(item, text) for item in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(item, text) for item in node.elts)
+    if isinstance(node, ast.Dict) and all(key is not None for key in node.keys):
+        return {_literal(key, text): _literal(value, text) for key, value in zip(node.keys, node.values)}  # type: ignore[arg-type]
+    if isinstance(node, ast.Call) and _dotted_name(node.func) == "dict" and not node.args:
+        if all(keyword.arg is not None for keyword in node.keywords):
+            return {keyword.arg: _literal(keyword.value, text) for keyword in node.keywords}
+    name = _dotted_name(node)
+    if name is not None and name in SAFE_NAMES:
+        return SAFE_NAMES[name]
+    raise ValueError(
+        f"unsupported expression {ast.unparse(node)!r} in {text!r}: only dict(...), numbers, strings, lists, tuples, "
+        f"True/False/None and these names are allowed: {sorted(n for n in SAFE_NAMES if '.' in n and n.count('.') < 3)}"
+    )
+
+
+def parse_literal(text: str) -> Any:
+    """Parse a zoo-style Python literal string such as ``"dict(net_arch=[64, 64], activation_fn=nn.ReLU)"``.
+
+    Nothing is executed: the string is parsed to a syntax tree and only literals, ``dict(key=value, ...)`` and
+    the names of :data:`SAFE_NAMES` are accepted; anything else raises ``ValueError``.
+    """
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as error:
+        raise ValueError(f"cannot parse {text!r}: {error.msg}") from error
+    return _literal(tree.body, text)
+
+
+# ------------------------------------------------------------------------------------------- schedules
+@dataclass(frozen=True)
+class LinearSchedule:
+    """Linear decay from ``initial_value`` (progress_remaining 1) to 0 (end of training), as the zoo's ``lin_<x>``."""
+
+    initial_value: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return progress_remaining * self.initial_value
+
+
+def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSchedule:
+    """A number (constant) or ``"lin_<x>"`` (linear decay from x to 0); anything else raises ``ValueError``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        kind, _, number = value.partition("_")
+        try:
+            initial = float(number)
+        except ValueError:
+            initial = None
+        if kind == "lin" and initial is not None:
+            return LinearSchedule(initial)
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{key}: expected a number or 'lin_<number>' (e.g. lin_3e-4), got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------- config files
+@dataclass
+class ZooConfig:
+    """One resolved config entry: what to build and for how long.
+
+    :param env_id: Gymnasium env id.
+    :param entry: name of the entry used (``env_id``, ``atari``, or either with ``@variant``).
+    :param n_timesteps: training budget in env steps (all envs together).
+    :param hyperparams: the entry as written (after overrides), JSON/YAML-serialisable; saved next to the model.
+    :param model_kwargs: constructor arguments for the algorithm, parsed (schedules, policy_kwargs objects).
+    """
+
+    env_id: str
+    entry: str
+    n_timesteps: int
+    policy: str
+    n_envs: int = 1
+    normalize: dict[str, Any] | None = None
+    env_wrappers: list[tuple[type, dict[str, Any]]] = field(default_factory=list)
+    frame_stack: int | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    hyperparams: dict[str, Any] = field(default_factory=dict)
+
+
+def read_entries(path: str | Path) -> dict[str, dict[str, Any]]:
+    """All entries of a config file (``yaml.safe_load``; merge keys ``<<:`` work)."""
+    with open(path, encoding="utf-8") as stream:
+        entries = yaml.safe_load(stream)
+    if not isinstance(entries, dict) or not all(isinstance(v, dict) for v in entries.values()):
+        raise ValueError(f"{path}: expected a mapping from entry names to mappings of hyperparameters")
+    return entries
+
+
+def is_atari(env_id: str) -> bool:
+    """True for ALE games (their entry point is ale_py's ``AtariEnv``)."""
+    _register_ale()
+    spec = gym.registry.get(env_id)
+    return spec is not None and "AtariEnv" in str(spec.entry_point)
+
+
+def _register_ale() -> None:
+    try:
+        import ale_py
+    except ImportError:  # pragma: no cover - ALE is a dependency, but Atari stays optional at run time
+        return
+    gym.register_envs(ale_py)
+
+
+def entry_name(entries: dict[str, Any], env_id: str, variant: str | None = None) -> str:
+    """The entry an env id uses: ``env_id[@variant]``, else ``atari[@variant]`` for Atari games."""
+    suffix = f"@{variant}" if variant else ""
+    for name in (f"{env_id}{suffix}", f"atari{suffix}" if is_atari(env_id) else None):
+        if name is not None and name in entries:
+            return name
+    raise ValueError(f"no entry {env_id + suffix!r} (or 'atari{suffix}' for Atari games); entries: {sorted(entries)}")
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """``["key=value", ...]`` -> dict; values are read as YAML scalars (``1e-3`` and ``lin_3e-4`` work)."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        value = yaml.safe_load(text) if text.strip() else ""
+        if isinstance(value, str):
+            try:
+                value = float(value) if any(c in value for c in ".eE") else int(value)
+            except ValueError:
+                pass
+        overrides[key.strip()] = value
+    return overrides
+
+
+def load_config(
+    path: str | Path | None, env_id: str, variant: str | None = None, overrides: dict[str, Any] | None = None
+) -> ZooConfig:
+    """Read, check and parse the entry for ``env_id`` (see :class:`ZooConfig`).
+
+    Unknown keys (in the file or in ``overrides``) raise ``ValueError`` naming the key and the entry.
+    """
+    path = DEFAULT_CONFIG if path is None else Path(path)
+    entries = read_entries(path)
+    name = entry_name(entries, env_id, variant)
+    raw = copy.deepcopy(entries[name])
+    raw.update(overrides or {})
+    return config_from_hyperparams(env_id, name, raw, source=str(path))
+
+
+def config_from_hyperparams(env_id: str, entry: str, raw: dict[str, Any], source: str = "<config>") -> ZooConfig:
+    """Check and parse one entry's hyperparameters (a mapping as written in the YAML file)."""
+    raw = copy.deepcopy(raw)
+    check_keys(raw, entry, source)
+    if "policy" not in raw or "n_timesteps" not in raw:
+        raise ValueError(f"entry {entry!r} of {source}: 'policy' and 'n_timesteps' are required")
+    return ZooConfig(
+        env_id=env_id,
+        entry=entry,
+        n_timesteps=int(float(raw["n_timesteps"])),
+        policy=str(raw["policy"]),
+        n_envs=_positive_int(raw.get("n_envs", 1), "n_envs", entry),
+        normalize=parse_normalize(raw.get("normalize", False), raw.get("gamma")),
+        env_wrappers=resolve_wrappers(raw.get("env_wrapper")),
+        frame_stack=None if raw.get("frame_stack") is None else _positive_int(raw["frame_stack"], "frame_stack", entry),
+        env_kwargs=dict(raw.get("env_kwargs") or {}),
+        model_kwargs=parse_model_kwargs({k: v for k, v in raw.items() if k not in ENV_KEYS}),
+        hyperparams=raw,
+    )
+
+
+def check_keys(raw: dict[str, Any], entry: str, path: str | Path) -> None:
+    """Raise ``ValueError`` for a key that is neither an env key nor a ScalablePPO constructor argument."""
+    for key in raw:
+        if key not in ENV_KEYS and key not in MODEL_KEYS:
+            raise ValueError(
+                f"unknown key {key!r} in entry {entry!r} of {path}; allowed: {sorted(ENV_KEYS | MODEL_KEYS)}"
+            )
+
+
+def _positive_int(value: Any, key: str, entry: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} in entry {entry!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def parse_model_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
+    """Constructor arguments: schedules parsed, ``policy_kwargs`` / ``rollout_buffer_kwargs`` strings parsed safely."""
+    kwargs = dict(raw)
+    for key in SCHEDULE_KEYS:
+        if key in kwargs and kwargs[key] is not None:
+            kwargs[key] = parse_schedule(kwargs[key], key)
+    for key in ("policy_kwargs", "rollout_buffer_kwargs"):
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = parse_literal(kwargs[key])
+        if key in kwargs and not isinstance(kwargs[key], dict):
+            raise ValueError(f"{key} must be a mapping or a dict(...) string, got {kwargs[key]!r}")
+    return kwargs
+
+
+def parse_normalize(value: Any, gamma: float | None = None) -> dict[str, Any] | None:
+    """``normalize``: false/true, a mapping or a ``dict(...)`` string of VecNormalize kwargs -> kwargs or None.
+
+    As in the zoo, VecNormalize's reward discount follows the entry's ``gamma``.
+    """
+    if isinstance(value, str):
+        value = parse_literal(value)
+    if value is False or value is None:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ValueError(f"normalize must be true/false, a mapping or a dict(...) string, got {value!r}")
+    kwargs = dict(value)
+    if gamma is not None:
+        kwargs["gamma"] = float(gamma)
+    return kwargs
+
+
+def resolve_wrappers(value: Any) -> list[tuple[type, dict[str, Any]]]:
+    """``env_wrapper``: a class path, or a list of class paths / ``{class path: kwargs}`` mappings (zoo format)."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [value]
+    wrappers = []
+    for item in items:
+        if isinstance(item, dict) and len(item) == 1:
+            (name, kwargs), = item.items()
+        elif isinstance(item, str):
+            name, kwargs = item, {}
+        else:
+            raise ValueError(f"env_wrapper: expected a class path or {{class path: kwargs}}, got {item!r}")
+        wrappers.append((import_wrapper(name), dict(kwargs or {})))
+    return wrappers
+
+
+def import_wrapper(name: str) -> type:
+    """Import a ``gym.Wrapper`` subclass by dotted path, only from :data:`WRAPPER_MODULES`."""
+    module_name, _, class_name = name.rpartition(".")
+    if not module_name or not name.startswith(WRAPPER_MODULES):
+        raise ValueError(f"env_wrapper {name!r}: must be a class path under one of {WRAPPER_MODULES}")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, gym.Wrapper)):
+        raise ValueError(f"env_wrapper {name!r} is not a gymnasium.Wrapper class")
+    return cls
+
+
+# ------------------------------------------------------------------------------------------- envs and models
+def _wrap(env: gym.Env, wrappers: list[tuple[type, dict[str, Any]]]) -> gym.Env:
+    for cls, kwargs in wrappers:
+        env = cls(env, **kwargs)
+    return env
+
+
+def make_envs(
+    config: ZooConfig,
+    *,
+    n_envs: int | None = None,
+    seed: int | None = None,
+    eval_env: bool = False,
+    monitor_dir: str | None = None,
+    vec_env_cls: type | None = None,
+    normalize_stats: str | Path | None = None,
+) -> VecEnv:
+    """Build the vectorised env as the zoo does: Monitor, wrappers, VecNormalize, VecFrameStack, image transpose.
+
+    :param n_envs: number of envs (default: the config's ``n_envs``).
+    :param eval_env: VecNormalize neither updates its statistics nor normalises rewards (zoo convention).
+    :param vec_env_cls: DummyVecEnv (default) or SubprocVecEnv.
+    :param normalize_stats: a saved ``vecnormalize.pkl`` to load instead of fresh statistics.
+    """
+    _register_ale()
+    wrappers = config.env_wrappers
+    env = make_vec_env(
+        config.env_id,
+        n_envs=n_envs or config.n_envs,
+        seed=seed,
+        env_kwargs=config.env_kwargs,
+        monitor_dir=monitor_dir,
+        wrapper_class=(lambda e: _wrap(e, wrappers)) if wrappers else None,
+        vec_env_cls=vec_env_cls,
+    )
+    if normalize_stats is not None:
+        env = VecNormalize.load(str(normalize_stats), env)
+        if eval_env:
+            env.training, env.norm_reward = False, False
+    elif config.normalize is not None:
+        kwargs = dict(config.normalize)
+        if eval_env:
+            kwargs.update(training=False, norm_reward=False)
+        env = VecNormalize(env, **kwargs)
+    if config.frame_stack:
+        env = VecFrameStack(env, config.frame_stack)
+    space = env.observation_space
+    if is_image_space(space) and not is_image_space_channels_first(space):  # type: ignore[arg-type]
+        env = VecTransposeImage(env)
+    return env
+
+
+def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwargs: Any) -> Any:
+    """``algo(config.policy, env, **config.model_kwargs, **kwargs)``; ``kwargs`` (seed, device, ...) win.
+
+    With ``algo=stable_baselines3.PPO`` the ScalablePPO-only keys must be absent (ValueError otherwise).
+    """
+    model_kwargs = {**config.model_kwargs, **kwargs}
+    accepted = inspect.signature(algo.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        extra = sorted(set(model_kwargs) - set(accepted))
+        if extra:
+            raise ValueError(f"{algo.__name__} does not take {extra} (entry {config.entry!r})")
+    return algo(config.policy, env, **model_kwargs)
+
+
+if __name__ == "__main__":  # python -m sb3_ppo_scale.zoo --algo scalable_ppo --env ID -conf FILE [...]
+    from sb3_ppo_scale.zoo_main import main
+
+    raise SystemExit(main())
