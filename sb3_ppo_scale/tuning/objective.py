@@ -113,8 +113,8 @@ def reduce_returns(returns: list[float], objective: str) -> float:
 
 
 def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], seed: int,
-                       on_eval: Callable[[int, float], None] | None = None) -> float:
-    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values`` and return its objective."""
+                       on_eval: Callable[[int, float], None] | None = None) -> tuple[float, list[float]]:
+    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values``; returns (objective, eval returns)."""
     env, eval_env = _make_envs(spec, env_id, seed)
     try:
         model = ScalablePPO(spec.base.get("policy", "MlpPolicy"), env, seed=seed, **ppo_kwargs(spec, values))
@@ -122,7 +122,7 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
         model.learn(total_timesteps=spec.timesteps, callback=callback)
         if callback.last_eval_step != model.num_timesteps:
             callback.evaluate()  # the last evaluation always sees the fully trained policy
-        return reduce_returns(callback.returns, spec.evaluation.objective)
+        return reduce_returns(callback.returns, spec.evaluation.objective), callback.returns
     finally:
         env.close()
         eval_env.close()
@@ -133,11 +133,14 @@ def make_objective(spec: StudySpec, env_id: str) -> Callable[[optuna.Trial], flo
 
     def objective(trial: optuna.Trial) -> float:
         values = {p.name: suggest(trial, p) for p in spec.space}
-        results = []
+        results, curves = [], []
         for index in range(spec.seeds_per_trial):
             on_eval = _pruning_hook(trial, spec) if index == 0 and spec.pruner.get("name") == "median" else None
-            results.append(train_and_evaluate(spec, env_id, values, spec.seed + index, on_eval))
-            trial.set_user_attr("seed_values", results)
+            value, curve = train_and_evaluate(spec, env_id, values, spec.seed + index, on_eval)
+            results.append(value)
+            curves.append(curve)
+        trial.set_user_attr("seed_values", results)
+        trial.set_user_attr("eval_returns", curves)  # per seed: mean return of each evaluation
         return float(np.mean(results))
 
     return objective

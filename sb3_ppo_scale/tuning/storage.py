@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from pathlib import Path
 
 import optuna
@@ -43,13 +44,15 @@ def open_storage(storage: str) -> BaseStorage:
         except OSError as error:
             raise ValueError(f"storage: cannot open journal file {storage!r}: {error}") from None
     try:
-        return RDBStorage(
-            storage,
-            engine_kwargs=_engine_kwargs(storage),
-            heartbeat_interval=HEARTBEAT_INTERVAL_S,
-            grace_period=GRACE_PERIOD_S,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                storage,
+                engine_kwargs=_engine_kwargs(storage),
+                heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=GRACE_PERIOD_S,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+            )
     except ModuleNotFoundError as error:
         raise ValueError(
             f"storage {_redact(storage)!r} needs the Python driver {error.name!r}; install it "
