@@ -1,7 +1,13 @@
 """PPO loss terms for one micro-batch, and the per-train() statistics kept on the device.
 
-Every per-sample term is averaged with optional per-sample ``weights`` (importance correction of a
-prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
+Three objectives (``LossSettings.objective``):
+
+- ``"clip"``: SB3 PPO's clipped surrogate, ``-min(r * A, clip(r, 1 - eps, 1 + eps) * A)``;
+- ``"kl_penalty"``: PPO-Penalty, ``-(r * A) + beta * KL(pi_old || pi)``, no clipping;
+- ``"clip_kl_penalty"``: both terms, as RLlib does.
+
+Every per-sample term (surrogate, value, entropy, KL penalty) is averaged with optional per-sample ``weights``
+(importance correction of a prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ import torch as th
 import torch.nn.functional as F
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from sb3_ppo_scale.kl import ANALYTIC, analytic_kl, evaluate_with_distribution, k3_kl
 from sb3_ppo_scale.sampling import MicroBatch
+
+OBJECTIVES = ("clip", "kl_penalty", "clip_kl_penalty")
 
 #: Order of the statistics in a stats vector (one device tensor per logical minibatch).
 STAT_NAMES = ("policy_gradient_loss", "value_loss", "entropy_loss", "clip_fraction", "approx_kl", "loss")
@@ -28,6 +37,9 @@ class LossSettings:
     :param ent_coef: entropy coefficient.
     :param vf_coef: value-loss coefficient.
     :param discrete_actions: True for a ``Discrete`` action space (actions are cast to long, as SB3 does).
+    :param objective: one of :data:`OBJECTIVES` (default "clip").
+    :param kl_coef: beta, the KL-penalty coefficient of this call (ignored by "clip").
+    :param kl_estimator: "analytic" (needs ``MicroBatch.old_dist``) or "k3".
     """
 
     clip_range: float
@@ -35,6 +47,17 @@ class LossSettings:
     ent_coef: float
     vf_coef: float
     discrete_actions: bool = False
+    objective: str = "clip"
+    kl_coef: float = 0.0
+    kl_estimator: str = ANALYTIC
+
+    @property
+    def clips_ratio(self) -> bool:
+        return self.objective in ("clip", "clip_kl_penalty")
+
+    @property
+    def penalises_kl(self) -> bool:
+        return self.objective in ("kl_penalty", "clip_kl_penalty")
 
 
 @dataclass
@@ -63,27 +86,42 @@ def _mean(values: th.Tensor, weights: th.Tensor | None) -> th.Tensor:
     return values.mean() if weights is None else (weights * values).mean()
 
 
-def clip_loss(
+def kl_penalty(micro: MicroBatch, distribution, log_prob: th.Tensor, settings: LossSettings) -> th.Tensor:
+    """``beta * mean(KL(pi_old || pi))`` over the micro-batch (weighted like every other term)."""
+    if settings.kl_estimator == ANALYTIC:
+        kl = analytic_kl(micro.old_dist, distribution)  # type: ignore[arg-type]
+    else:
+        kl = k3_kl(log_prob, micro.samples.old_log_prob)
+    return settings.kl_coef * _mean(kl, micro.weights)
+
+
+def ppo_loss(
     policy: ActorCriticPolicy,
     micro: MicroBatch,
     normalize: AdvantageNormalizer,
     settings: LossSettings,
 ) -> tuple[th.Tensor, th.Tensor]:
-    """SB3 PPO's clipped-surrogate loss on one micro-batch.
+    """The PPO loss of ``settings.objective`` on one micro-batch ("clip" performs exactly SB3 PPO's operations).
 
     :return: ``(loss, stats)`` where ``loss`` carries the gradient and ``stats`` is a detached vector in
-        :data:`STAT_NAMES` order (means over the micro-batch).
+        :data:`STAT_NAMES` order (means over the micro-batch). ``policy_gradient_loss`` is the surrogate term
+        alone; ``loss`` includes the KL penalty.
     """
     data, weights = micro.samples, micro.weights
     actions = data.actions
     if settings.discrete_actions:
         actions = actions.long().flatten()
-    values, log_prob, entropy = policy.evaluate_actions(data.observations, actions)
+    if settings.penalises_kl:
+        values, log_prob, entropy, distribution = evaluate_with_distribution(policy, data.observations, actions)
+    else:
+        values, log_prob, entropy = policy.evaluate_actions(data.observations, actions)
     values = values.flatten()
     advantages = normalize(data.advantages)
 
     ratio = th.exp(log_prob - data.old_log_prob)
-    surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - settings.clip_range, 1 + settings.clip_range))
+    surrogate = advantages * ratio
+    if settings.clips_ratio:
+        surrogate = th.min(surrogate, advantages * th.clamp(ratio, 1 - settings.clip_range, 1 + settings.clip_range))
     policy_loss = -_mean(surrogate, weights)
 
     values_pred = values
@@ -96,6 +134,8 @@ def clip_loss(
 
     entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights)
     loss = policy_loss + settings.ent_coef * entropy_loss + settings.vf_coef * value_loss
+    if settings.penalises_kl:
+        loss = loss + kl_penalty(micro, distribution, log_prob, settings)
 
     with th.no_grad():
         log_ratio = log_prob - data.old_log_prob
@@ -120,15 +160,16 @@ class TrainStats:
         self._rows.append(stats)
         self._epochs.append(epoch)
 
-    def summary(self, extra: list[th.Tensor] | None = None) -> tuple[dict[str, float], list[float]]:
-        """Means as SB3 logs them, plus ``extra`` scalars read back in the same sync."""
-        extra = extra or []
+    def summary(self, extra: dict[str, th.Tensor] | None = None) -> dict[str, float]:
+        """Means as SB3 logs them (keys of :data:`STAT_NAMES`), plus the ``extra`` device scalars read back in
+        the same single sync."""
+        extra = extra or {}
         table = th.stack(self._rows)
-        flat = th.cat([table.flatten(), *[e.reshape(1).to(table) for e in extra]]).cpu().double()
+        flat = th.cat([table.flatten(), *[e.reshape(1).to(table) for e in extra.values()]]).cpu().double()
         table, extra_values = flat[: table.numel()].view_as(table), flat[table.numel() :].tolist()
         last_epoch = [i for i, e in enumerate(self._epochs) if e == self._epochs[-1]]
         means = table.mean(dim=0)
         summary = {name: float(means[i]) for i, name in enumerate(STAT_NAMES)}
         summary["approx_kl"] = float(table[last_epoch, KL_INDEX].mean())
         summary["loss"] = float(table[-1, STAT_NAMES.index("loss")])
-        return summary, extra_values
+        return {**summary, **dict(zip(extra, extra_values))}

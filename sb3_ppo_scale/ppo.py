@@ -11,8 +11,16 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_scale.checks import check_batching, check_rollout_size, resolve_buffer_device
-from sb3_ppo_scale.objectives import KL_INDEX, AdvantageNormalizer, LossSettings, TrainStats, clip_loss
+from sb3_ppo_scale.checks import check_batching, check_kl_penalty, check_rollout_size, resolve_buffer_device
+from sb3_ppo_scale.kl import (
+    ANALYTIC,
+    KL_COEF_BOUNDS,
+    AdaptiveKLCoefficient,
+    kl_estimator,
+    mean_rollout_kl,
+    rollout_distribution_params,
+)
+from sb3_ppo_scale.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
 from sb3_ppo_scale.rollout import DeviceRollout, RolloutStager
 from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader
 
@@ -32,17 +40,46 @@ class ScalablePPO(PPO):
         Peak activation memory scales with ``batch_size / grad_accum_steps``.
     :param buffer_device: where the rollout lives during ``train()`` (default "auto": the policy's device).
         The rollout crosses to that device once per rollout and minibatches are gathered there.
+    :param objective: "clip" (default, SB3's PPO-Clip), "kl_penalty" (PPO-Penalty: maximise r * A - beta * KL,
+        no clipping) or "clip_kl_penalty" (both terms, as RLlib does).
+    :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model.
+    :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
+        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.kl.AdaptiveKLCoefficient`); None keeps
+        beta fixed. Beta stays within :data:`~sb3_ppo_scale.kl.KL_COEF_BOUNDS`.
+    :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
+    :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
+        (default 1.5), >= 1.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).
     """
 
-    def __init__(self, policy: Any, env: Any, *args: Any, grad_accum_steps: int = 1, buffer_device: str | th.device = "auto", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        env: Any,
+        *args: Any,
+        grad_accum_steps: int = 1,
+        buffer_device: str | th.device = "auto",
+        objective: str = "clip",
+        kl_coef: float = 1.0,
+        kl_penalty_target: float | None = 0.01,
+        kl_adapt_factor: float = 2.0,
+        kl_adapt_tolerance: float = 1.5,
+        **kwargs: Any,
+    ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
         ppo_args.apply_defaults()
         check_batching(ppo_args.arguments["batch_size"], grad_accum_steps, ppo_args.arguments["normalize_advantage"])
         self.grad_accum_steps = grad_accum_steps
         self.buffer_device = buffer_device
+        self.objective = objective
+        self.kl_coef = kl_coef
+        self.kl_penalty_target = kl_penalty_target
+        self.kl_adapt_factor = kl_adapt_factor
+        self.kl_adapt_tolerance = kl_adapt_tolerance
+        self._check_kl_penalty()
+        self._kl_beta = float(kl_coef)  # the current (adapted) beta
         self._n_grad_steps = 0
         self._rollout_stager: RolloutStager | None = None
         super().__init__(policy, env, *args, **kwargs)
@@ -50,10 +87,27 @@ class ScalablePPO(PPO):
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
         check_batching(self.batch_size, self.grad_accum_steps, self.normalize_advantage)
+        self._check_kl_penalty()
         check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         super()._setup_model()
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
+
+    def _check_kl_penalty(self) -> None:
+        check_kl_penalty(
+            self.objective,
+            self.kl_coef,
+            self.kl_penalty_target,
+            self.kl_adapt_factor,
+            self.kl_adapt_tolerance,
+            OBJECTIVES,
+            KL_COEF_BOUNDS,
+        )
+
+    @property
+    def kl_beta(self) -> float:
+        """The current KL-penalty coefficient (beta), adapted after each ``train()``; saved with the model."""
+        return self._kl_beta
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device"]
@@ -64,14 +118,27 @@ class ScalablePPO(PPO):
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         settings = self._loss_settings()
-        loader = self._make_loader(self._stage_rollout())
+        rollout = self._stage_rollout()
+        if settings.penalises_kl and settings.kl_estimator == ANALYTIC:
+            rollout.old_dist = rollout_distribution_params(self.policy, rollout, self._micro_batch_size)
+        loader = self._make_loader(rollout)
         stats = TrainStats()
         for epoch in range(self.n_epochs):
             stopped = self._train_epoch(loader, settings, stats, epoch)
             self._n_updates += 1
             if stopped:
                 break
-        self._record(stats, settings)
+        measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
+        self._record(stats, settings, measured_kl)
+
+    @property
+    def _micro_batch_size(self) -> int:
+        return -(-self.batch_size // self.grad_accum_steps)
+
+    def _measure_kl(self, rollout: DeviceRollout, settings: LossSettings) -> th.Tensor:
+        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar."""
+        discrete = isinstance(self.action_space, spaces.Discrete)
+        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, settings.kl_estimator, discrete)
 
     def _loss_settings(self) -> LossSettings:
         progress = self._current_progress_remaining
@@ -82,6 +149,9 @@ class ScalablePPO(PPO):
             ent_coef=float(self.ent_coef),
             vf_coef=float(self.vf_coef),
             discrete_actions=isinstance(self.action_space, spaces.Discrete),
+            objective=self.objective,
+            kl_coef=self._kl_beta,
+            kl_estimator=kl_estimator(self.policy.action_dist),
         )
 
     def _stage_rollout(self) -> DeviceRollout:
@@ -115,7 +185,7 @@ class ScalablePPO(PPO):
         normalize = AdvantageNormalizer.fit(batch.advantages(), self.normalize_advantage)
         total: th.Tensor | None = None
         for micro in batch.micro_batches():
-            loss, stats = clip_loss(self.policy, micro, normalize, settings)
+            loss, stats = ppo_loss(self.policy, micro, normalize, settings)
             if micro.share != 1.0:
                 loss, stats = loss * micro.share, stats * micro.share
             loss.backward()
@@ -134,21 +204,33 @@ class ScalablePPO(PPO):
             return True
         return False
 
-    def _record(self, stats: TrainStats, settings: LossSettings) -> None:
+    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
         """Log every key PPO logs, with the same meaning, after a single device-to-host sync."""
-        extra = [th.exp(self.policy.log_std).mean().detach()] if hasattr(self.policy, "log_std") else []
-        summary, extra_values = stats.summary(extra)
+        extra = {} if measured_kl is None else {"kl": measured_kl}
+        if hasattr(self.policy, "log_std"):
+            extra["std"] = th.exp(self.policy.log_std).mean().detach()
+        summary = stats.summary(extra)
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "loss"):
             self.logger.record(f"train/{name}", summary[name])
         values, returns = self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten()
         self.logger.record("train/explained_variance", explained_variance(values, returns))
-        if extra_values:
-            self.logger.record("train/std", extra_values[0])
+        if "std" in summary:
+            self.logger.record("train/std", summary["std"])
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/n_grad_steps", self._n_grad_steps)
         self.logger.record("train/clip_range", settings.clip_range)
         if settings.clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", settings.clip_range_vf)
+        if measured_kl is not None:
+            self._adapt_kl_beta(summary["kl"], settings)
         buffer_log = getattr(self.rollout_buffer, "train_log", None)  # e.g. train/retained_fraction
         for key, value in ({} if buffer_log is None else buffer_log()).items():
             self.logger.record(key, value)
+
+    def _adapt_kl_beta(self, measured_kl: float, settings: LossSettings) -> None:
+        """Log the KL measured after the update and the beta it was trained with, then adapt beta."""
+        self.logger.record("train/kl", measured_kl)
+        self.logger.record("train/kl_coef", settings.kl_coef)
+        self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
+        rule = AdaptiveKLCoefficient(self.kl_penalty_target, self.kl_adapt_factor, self.kl_adapt_tolerance)
+        self._kl_beta = rule.update(self._kl_beta, measured_kl)

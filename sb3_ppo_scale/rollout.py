@@ -30,6 +30,8 @@ class DeviceRollout:
     Every tensor has ``len(self)`` rows. Actions are float32 as SB3 hands them to the policy; observations
     keep their dtype (Atari uint8 frames stay uint8 until the policy preprocesses them).
     ``weights`` holds optional per-sample loss weights (importance correction); None means all ones.
+    ``old_dist`` holds optional per-sample parameters of the rollout policy's action distribution (for an
+    analytic KL penalty, see :mod:`sb3_ppo_scale.kl`).
     """
 
     observations: Observations
@@ -39,6 +41,7 @@ class DeviceRollout:
     advantages: th.Tensor
     returns: th.Tensor
     weights: th.Tensor | None = None
+    old_dist: th.Tensor | None = None
 
     def __len__(self) -> int:
         return self.actions.shape[0]

@@ -28,11 +28,13 @@ def uniform_order(n_samples: int) -> np.ndarray:
 
 @dataclass
 class MicroBatch:
-    """One micro-batch: its samples, its per-sample loss weights (or None) and its share of the logical batch."""
+    """One micro-batch: its samples, its share of the logical batch, and optional per-sample extras:
+    loss ``weights`` and the rollout policy's distribution parameters ``old_dist``."""
 
     samples: Samples
-    weights: th.Tensor | None
     share: float
+    weights: th.Tensor | None = None
+    old_dist: th.Tensor | None = None
 
 
 @dataclass
@@ -56,11 +58,17 @@ class LogicalBatch:
         n_logical = len(self)
         parts = (self.indices,) if self.n_micro == 1 else th.tensor_split(self.indices, self.n_micro)
         for part in parts:
-            samples = self.rollout.gather(part, self.target_device)
-            weights = self.rollout.weights
-            if weights is not None:
-                weights = weights.index_select(0, part).to(self.target_device, non_blocking=True)
-            yield MicroBatch(samples, weights, part.shape[0] / n_logical)
+            yield MicroBatch(
+                self.rollout.gather(part, self.target_device),
+                part.shape[0] / n_logical,
+                weights=self._take(self.rollout.weights, part),
+                old_dist=self._take(self.rollout.old_dist, part),
+            )
+
+    def _take(self, per_sample: th.Tensor | None, part: th.Tensor) -> th.Tensor | None:
+        if per_sample is None:
+            return None
+        return per_sample.index_select(0, part).to(self.target_device, non_blocking=True)
 
 
 class MinibatchLoader:

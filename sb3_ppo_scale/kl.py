@@ -1,0 +1,158 @@
+"""KL(pi_old || pi) for PPO-Penalty: analytic where a closed form exists, the k3 estimator elsewhere.
+
+The rollout policy's distribution is summarised per sample by a flat parameter tensor (computed once per
+``train()`` in one no-grad pass, as sb3-contrib's TRPO does), so the penalty needs no second network:
+
+- diagonal Gaussian: ``[mean, std]`` (2 * action_dim columns)
+- Categorical, MultiCategorical, Bernoulli: normalised logits (sum of the action dims columns)
+
+gSDE (and any other distribution) uses k3 = (r - 1) - log r with r = pi(a) / pi_old(a) on the rollout's
+actions, an unbiased, non-negative estimate of KL(pi_old || pi) (http://joschu.net/blog/kl-approx.html).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch as th
+import torch.nn.functional as F
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    MultiCategoricalDistribution,
+    SquashedDiagGaussianDistribution,
+)
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from sb3_ppo_scale.rollout import DeviceRollout
+
+#: beta never leaves these bounds (so it can never reach 0 or inf); the initial kl_coef must lie inside them.
+KL_COEF_BOUNDS = (1e-6, 1e6)
+ANALYTIC, K3 = "analytic", "k3"
+
+
+def kl_estimator(distribution: Distribution) -> str:
+    """"analytic" for diagonal Gaussian, Categorical, MultiCategorical and Bernoulli policies, else "k3"."""
+    if isinstance(distribution, SquashedDiagGaussianDistribution):
+        return K3
+    analytic = (DiagGaussianDistribution, CategoricalDistribution, MultiCategoricalDistribution, BernoulliDistribution)
+    return ANALYTIC if isinstance(distribution, analytic) else K3
+
+
+def distribution_params(distribution: Distribution) -> th.Tensor:
+    """Flat per-sample parameters of an SB3 distribution (see module docstring), shape (batch, P)."""
+    if isinstance(distribution, DiagGaussianDistribution):
+        normal = distribution.distribution
+        return th.cat([normal.loc, normal.scale.expand_as(normal.loc)], dim=1)
+    if isinstance(distribution, MultiCategoricalDistribution):
+        return th.cat([part.logits for part in distribution.distribution], dim=1)
+    return distribution.distribution.logits  # Categorical, Bernoulli
+
+
+def _bernoulli_kl(old_logits: th.Tensor, new_logits: th.Tensor) -> th.Tensor:
+    p_old = th.sigmoid(old_logits)
+    log_p_old, log_q_old = F.logsigmoid(old_logits), F.logsigmoid(-old_logits)
+    log_p_new, log_q_new = F.logsigmoid(new_logits), F.logsigmoid(-new_logits)
+    return p_old * (log_p_old - log_p_new) + (1 - p_old) * (log_q_old - log_q_new)
+
+
+def _categorical_kl(old_logits: th.Tensor, new_logits: th.Tensor) -> th.Tensor:
+    old_log_p = F.log_softmax(old_logits, dim=-1)
+    return (old_log_p.exp() * (old_log_p - F.log_softmax(new_logits, dim=-1))).sum(dim=-1)
+
+
+def analytic_kl(old_params: th.Tensor, new: Distribution) -> th.Tensor:
+    """KL(old || new) per sample, shape (batch,), with ``old_params`` from :func:`distribution_params`."""
+    if isinstance(new, DiagGaussianDistribution):
+        old_mean, old_std = old_params.chunk(2, dim=1)
+        new_mean, new_std = new.distribution.loc, new.distribution.scale
+        var_ratio = (old_std / new_std) ** 2
+        per_dim = 0.5 * (var_ratio + ((old_mean - new_mean) / new_std) ** 2 - 1 - th.log(var_ratio))
+        return per_dim.sum(dim=1)
+    if isinstance(new, CategoricalDistribution):
+        return _categorical_kl(old_params, new.distribution.logits)
+    if isinstance(new, MultiCategoricalDistribution):
+        parts = th.split(old_params, list(new.action_dims), dim=1)
+        return th.stack([_categorical_kl(o, n.logits) for o, n in zip(parts, new.distribution)], dim=1).sum(dim=1)
+    if isinstance(new, BernoulliDistribution):
+        return _bernoulli_kl(old_params, new.distribution.logits).sum(dim=1)
+    raise TypeError(f"no analytic KL for {type(new).__name__}; use the k3 estimator")
+
+
+def k3_kl(log_prob: th.Tensor, old_log_prob: th.Tensor) -> th.Tensor:
+    """k3 estimate of KL(old || new) per sample from log-probs of actions drawn from the old policy."""
+    log_ratio = log_prob - old_log_prob
+    return th.exp(log_ratio) - 1 - log_ratio
+
+
+def evaluate_with_distribution(
+    policy: ActorCriticPolicy, obs: th.Tensor | dict[str, th.Tensor], actions: th.Tensor
+) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
+    """``policy.evaluate_actions`` that also returns the action distribution (same operations, same values)."""
+    features = policy.extract_features(obs)
+    if policy.share_features_extractor:
+        latent_pi, latent_vf = policy.mlp_extractor(features)
+    else:
+        pi_features, vf_features = features
+        latent_pi = policy.mlp_extractor.forward_actor(pi_features)
+        latent_vf = policy.mlp_extractor.forward_critic(vf_features)
+    distribution = policy._get_action_dist_from_latent(latent_pi)
+    log_prob = distribution.log_prob(actions)
+    return policy.value_net(latent_vf), log_prob, distribution.entropy(), distribution
+
+
+def _chunks(rollout: DeviceRollout, chunk_size: int, device: th.device) -> Iterator:
+    for start in range(0, len(rollout), chunk_size):
+        idx = th.arange(start, min(start + chunk_size, len(rollout)), device=rollout.device)
+        yield rollout.gather(idx, device)
+
+
+@th.no_grad()
+def rollout_distribution_params(policy: ActorCriticPolicy, rollout: DeviceRollout, chunk_size: int) -> th.Tensor:
+    """The current policy's distribution parameters for every rollout sample, one no-grad pass in chunks."""
+    parts = [distribution_params(policy.get_distribution(data.observations)) for data in _chunks(rollout, chunk_size, policy.device)]
+    return th.cat(parts).to(rollout.device)
+
+
+@th.no_grad()
+def mean_rollout_kl(
+    policy: ActorCriticPolicy, rollout: DeviceRollout, chunk_size: int, estimator: str, discrete: bool
+) -> th.Tensor:
+    """Mean KL(pi_old || pi) over the whole rollout (a device scalar; no host sync)."""
+    total = th.zeros((), device=policy.device)
+    for start, data in zip(range(0, len(rollout), chunk_size), _chunks(rollout, chunk_size, policy.device)):
+        actions = data.actions.long().flatten() if discrete else data.actions
+        _, log_prob, _, distribution = evaluate_with_distribution(policy, data.observations, actions)
+        if estimator == ANALYTIC:
+            old = rollout.old_dist[start : start + chunk_size].to(policy.device)  # type: ignore[index]
+            total += analytic_kl(old, distribution).sum()
+        else:
+            total += k3_kl(log_prob, data.old_log_prob).sum()
+    return total / len(rollout)
+
+
+@dataclass(frozen=True)
+class AdaptiveKLCoefficient:
+    """PPO paper's adaptive beta: after each update, beta /= factor if KL < target / tolerance, beta *= factor
+    if KL > target * tolerance, then clamp to :data:`KL_COEF_BOUNDS`. ``target=None`` keeps beta fixed.
+
+    The defaults are the PPO paper's (``factor=2.0, tolerance=1.5``). RLlib's rule (x1.5 above 2 x target,
+    x0.5 below target / 2) is the same shape with ``tolerance=2.0``; its asymmetric steps are not reproduced.
+    """
+
+    target: float | None
+    factor: float = 2.0
+    tolerance: float = 1.5
+
+    def update(self, beta: float, kl: float) -> float:
+        if self.target is None:
+            return beta
+        if kl < self.target / self.tolerance:
+            beta /= self.factor
+        elif kl > self.target * self.tolerance:
+            beta *= self.factor
+        low, high = KL_COEF_BOUNDS
+        return min(max(beta, low), high)
