@@ -1,0 +1,181 @@
+"""Zoo-style configs: every entry builds a model, parsing is safe, schedules and overrides parse."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch as th
+import yaml
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppo_scale import ScalablePPO, zoo
+
+ENTRIES = zoo.read_entries(zoo.DEFAULT_CONFIG)
+ENV_OF = {"atari": "PongNoFrameskip-v4"}
+ZOO_PPO = Path(__import__("rl_zoo3").__file__).parent / "hyperparams" / "ppo.yml"
+
+
+def _split(entry: str) -> tuple[str, str | None]:
+    name, _, variant = entry.partition("@")
+    return ENV_OF.get(name, name), variant or None
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_every_entry_loads_and_builds_a_model(entry: str) -> None:
+    env_id, variant = _split(entry)
+    full = zoo.load_config(None, env_id, variant)
+    assert full.entry == entry
+    raw = ENTRIES[entry]
+    # Build cheaply: 1 env and a rollout of at most 64 steps; every other hyperparameter as written.
+    n_steps = min(raw.get("n_steps", 2048), 64)
+    batch = min(raw.get("batch_size", 64), n_steps)
+    accum = min(raw.get("grad_accum_steps", 1), batch)
+    config = zoo.load_config(None, env_id, variant,
+                             {"n_envs": 1, "n_steps": n_steps, "batch_size": batch, "grad_accum_steps": accum})
+    env = zoo.make_envs(config, seed=0)
+    model = zoo.build_model(config, env, seed=0, device="cpu")
+    assert isinstance(model, ScalablePPO)
+    assert model.n_envs == 1 and model.batch_size == batch and model.grad_accum_steps == accum
+    assert model.n_epochs == raw.get("n_epochs", 10)
+    assert model.gamma == pytest.approx(raw.get("gamma", 0.99))
+    lr = zoo.parse_schedule(raw.get("learning_rate", 3e-4))
+    assert model.lr_schedule(1.0) == pytest.approx(lr(1.0) if callable(lr) else lr)
+    assert isinstance(env, VecNormalize) == bool(raw.get("normalize", False))
+    if entry.startswith("atari"):
+        assert env.observation_space.shape == (4, 84, 84)
+    if "policy_kwargs" in raw:
+        assert any(isinstance(m, th.nn.ReLU) for m in model.policy.modules())
+        assert model.policy.log_std.detach().mean().item() == pytest.approx(-2.0)
+    env.close()
+
+
+def test_plain_entries_are_the_zoo_ppo_values() -> None:
+    with open(ZOO_PPO) as stream:
+        zoo_ppo = yaml.safe_load(stream)
+    for entry in ("atari", "CartPole-v1", "Pendulum-v1", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5",
+                  "Ant-v5", "Humanoid-v5", "Swimmer-v5"):
+        source = zoo_ppo.get(entry) or zoo_ppo[entry.replace("-v5", "-v4")]
+        ours = ENTRIES[entry]
+        assert set(ours) == set(source), entry
+        for key, value in source.items():
+            if key == "policy_kwargs":
+                assert zoo.parse_literal(ours[key]) == zoo.parse_literal(value), entry
+            else:
+                assert ours[key] == value, (entry, key)
+
+
+@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e))
+def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
+    plain = ENTRIES[entry.split("@")[0]]
+    variant = ENTRIES[entry]
+    def lr(raw: dict) -> float:
+        value = zoo.parse_schedule(raw.get("learning_rate", 3e-4))
+        return value(1.0) if callable(value) else value
+    expected = min(1e-3, lr(plain) * math.sqrt(variant["batch_size"] / plain.get("batch_size", 64)))
+    assert lr(variant) == pytest.approx(expected, rel=0.02)
+    assert variant["batch_size"] <= variant.get("n_steps", 2048) * variant.get("n_envs", 1)
+    if entry.endswith("@gpu"):
+        assert 16384 <= variant["batch_size"] <= 65536
+
+
+ZOO_POLICY_KWARGS = [
+    "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256]))",
+    "dict(net_arch=[64, 64], activation_fn=th.nn.Tanh, optimizer_class=th.optim.AdamW, "
+    "optimizer_kwargs=dict(eps=1e-5, betas=(0.9, 0.999)))",
+    "dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(eps=+1e-5), normalize_images=True, x=None)",
+]
+
+
+def test_literal_parser_reads_zoo_strings() -> None:
+    a, b, c = (zoo.parse_literal(text) for text in ZOO_POLICY_KWARGS)
+    assert a == {"log_std_init": -2, "ortho_init": False, "activation_fn": th.nn.ReLU,
+                 "net_arch": {"pi": [256, 256], "vf": [256, 256]}}
+    assert b["activation_fn"] is th.nn.Tanh and b["optimizer_class"] is th.optim.AdamW
+    assert b["optimizer_kwargs"] == {"eps": 1e-5, "betas": (0.9, 0.999)}
+    assert c["optimizer_class"].__name__ == "RMSpropTFLike" and c["x"] is None
+    assert zoo.parse_literal("{'a': [1, -2.5], 'b': 'x'}") == {"a": [1, -2.5], "b": "x"}
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('touch {marker}')",
+    "dict(a=__import__('os').system('touch {marker}'))",
+    "dict(activation_fn=nn.ReLU.__subclasses__())",
+    "nn.ReLU.__init__.__globals__",
+    "(lambda: open('{marker}', 'w'))()",
+    "dict(**{{'a': 1}})",
+    "dict(a=1 + 1)",
+    "os.system",
+    "dict(a=[x for x in range(3)])",
+    "dict(a=1",
+])
+def test_code_in_policy_kwargs_is_rejected(text: str, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    text = text.format(marker=marker)
+    with pytest.raises(ValueError):
+        zoo.parse_literal(text)
+    config_file = tmp_path / "bad.yml"
+    config_file.write_text(yaml.safe_dump({"CartPole-v1": {"policy": "MlpPolicy", "n_timesteps": 100,
+                                                           "policy_kwargs": text}}))
+    with pytest.raises(ValueError):
+        zoo.load_config(config_file, "CartPole-v1")
+    assert not marker.exists()
+
+
+def test_schedules_parse() -> None:
+    schedule = zoo.parse_schedule("lin_0.001")
+    assert isinstance(schedule, zoo.LinearSchedule)
+    assert schedule(1.0) == pytest.approx(1e-3) and schedule(0.25) == pytest.approx(2.5e-4) and schedule(0.0) == 0.0
+    assert zoo.parse_schedule("lin_2.5e-4")(0.5) == pytest.approx(1.25e-4)
+    assert zoo.parse_schedule(3e-4) == 3e-4 and zoo.parse_schedule(1) == 1.0 and zoo.parse_schedule("1e-3") == 1e-3
+    for bad in ("exp_0.1", "lin_abc", "lin_", True, None, [1e-3]):
+        with pytest.raises(ValueError, match="learning_rate"):
+            zoo.parse_schedule(bad)
+    config = zoo.load_config(None, "CartPole-v1")
+    assert config.model_kwargs["clip_range"](0.5) == pytest.approx(0.1)
+
+
+def test_unknown_keys_name_the_key_and_entry(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown key 'learning_rat'.*'Hopper-v5@cpu'"):
+        zoo.load_config(None, "Hopper-v5", "cpu", {"learning_rat": 1e-3})
+    bad = tmp_path / "bad.yml"
+    bad.write_text("Pendulum-v1:\n  policy: MlpPolicy\n  n_timesteps: 1000\n  n_env: 4\n")
+    with pytest.raises(ValueError, match=r"unknown key 'n_env' in entry 'Pendulum-v1'"):
+        zoo.load_config(bad, "Pendulum-v1")
+    with pytest.raises(ValueError, match="no entry 'Pendulum-v1@tpu'"):
+        zoo.load_config(None, "Pendulum-v1", "tpu")
+
+
+def test_overrides_and_normalize_and_wrappers() -> None:
+    overrides = zoo.parse_overrides(["learning_rate=1e-3", "n_envs=4", "clip_range=lin_0.3", "normalize=true",
+                                     "policy_kwargs=dict(net_arch=[32, 32])"])
+    assert overrides["learning_rate"] == 1e-3 and overrides["n_envs"] == 4 and overrides["normalize"] is True
+    config = zoo.load_config(None, "CartPole-v1", None, overrides)
+    assert config.n_envs == 4 and config.normalize == {"gamma": 0.98}
+    assert config.model_kwargs["policy_kwargs"] == {"net_arch": [32, 32]}
+    assert config.model_kwargs["clip_range"](1.0) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="key=value"):
+        zoo.parse_overrides(["n_envs"])
+    assert zoo.parse_normalize("dict(norm_obs=False, norm_reward=True)", 0.9) == {
+        "norm_obs": False, "norm_reward": True, "gamma": 0.9}
+    (cls, kwargs), = zoo.resolve_wrappers([{"gymnasium.wrappers.TimeLimit": {"max_episode_steps": 7}}])
+    assert "TimeLimit" in cls.__name__ and kwargs == {"max_episode_steps": 7}
+    for bad in ("os.system", "builtins.eval", "stable_baselines3.PPO"):
+        with pytest.raises(ValueError, match="env_wrapper"):
+            zoo.resolve_wrappers(bad)
+    config = zoo.load_config(None, "CartPole-v1", None, {"env_wrapper": [{"gymnasium.wrappers.TimeLimit":
+                                                                          {"max_episode_steps": 7}}], "n_envs": 1})
+    env = zoo.make_envs(config, seed=0)
+    env.reset()
+    for step in range(7):
+        _, _, dones, infos = env.step([step % 2])  # alternate pushes: the pole stays up
+        assert dones[0] == (step == 6)
+    assert infos[0]["TimeLimit.truncated"]
+
+
+def test_bad_env_values_raise() -> None:
+    with pytest.raises(ValueError, match="n_envs"):
+        zoo.load_config(None, "CartPole-v1", None, {"n_envs": 0})
+    with pytest.raises(ValueError, match="normalize"):
+        zoo.load_config(None, "CartPole-v1", None, {"normalize": 3})
