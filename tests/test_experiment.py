@@ -1,0 +1,131 @@
+"""The train / evaluate / bench commands and the rl_zoo3 route."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppo_scale import ScalablePPO, cli, experiment, zoo, zoo_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli.main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_train_writes_model_logs_and_evaluate_loads_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    _run(["train", "--env", "CartPole-v1", "--n-timesteps", "3000", "--seed", "3", "--log-dir", str(run),
+          "--eval-freq", "1024", "--eval-episodes", "2", "--no-progress", "--device", "cpu"], capsys)
+    for name in ("model.zip", "best_model.zip", "config.yml", "evaluations.npz", "final_eval.json"):
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").rglob("events.out.tfevents.*"))
+    assert len(list((run / "monitor").glob("*.monitor.csv"))) == 8  # the entry's n_envs
+    saved = yaml.safe_load((run / "config.yml").read_text())
+    assert saved["entry"] == "CartPole-v1" and saved["seed"] == 3 and saved["n_timesteps"] == 3000
+    evaluations = np.load(run / "evaluations.npz")
+    assert evaluations["results"].shape[1] == 2 and evaluations["timesteps"][0] == 1024
+    model = ScalablePPO.load(run / "model.zip", device="cpu")
+    assert model.num_timesteps >= 3000 and model.n_envs == 8 and model.batch_size == 256
+
+    out = _run(["evaluate", "--log-dir", str(run), "--episodes", "3", "--seed", "7", "--device", "cpu"], capsys)
+    first = json.loads(out.strip().splitlines()[-1])
+    assert first["episodes"] == 3 and first["deterministic"] and first["mean_return"] >= 8  # CartPole's minimum
+    again = json.loads(_run(["evaluate", "--log-dir", str(run), "--episodes", "3", "--seed", "7"],
+                            capsys).strip().splitlines()[-1])
+    assert again["mean_return"] == first["mean_return"]  # same seed, deterministic policy: same episodes
+    with pytest.raises(FileNotFoundError, match="run folder"):
+        cli.main(["evaluate", "--log-dir", str(tmp_path / "missing")])
+
+
+def test_train_with_normalize_saves_and_reloads_statistics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "norm"
+    _run(["train", "--env", "Pendulum-v1", "--set", "normalize=true", "--set", "n_envs=2", "--set", "n_steps=256",
+          "--n-timesteps", "1024", "--log-dir", str(run), "--eval-freq", "0", "--eval-episodes", "1",
+          "--no-progress"], capsys)
+    assert (run / "vecnormalize.pkl").is_file() and not (run / "evaluations.npz").exists()
+    saved = VecNormalize.load(str(run / "vecnormalize.pkl"), zoo.make_envs(
+        zoo.load_config(None, "Pendulum-v1", None, {"normalize": True}), n_envs=1).venv)
+    assert saved.obs_rms.count > 1000 and saved.gamma == pytest.approx(0.9)  # the entry's gamma
+    config = zoo.config_from_hyperparams("Pendulum-v1", "Pendulum-v1",
+                                         yaml.safe_load((run / "config.yml").read_text())["hyperparams"])
+    env = zoo.make_envs(config, n_envs=1, eval_env=True, normalize_stats=run / "vecnormalize.pkl")
+    assert isinstance(env, VecNormalize) and not env.training and not env.norm_reward
+    np.testing.assert_array_equal(env.obs_rms.mean, saved.obs_rms.mean)
+    result = json.loads((run / "final_eval.json").read_text())
+    assert result["mean_length"] == 200 and -2000 < result["mean_return"] < 0
+
+
+def test_rl_zoo3_route_trains_cartpole(tmp_path: Path) -> None:
+    logs = tmp_path / "zoo"
+    subprocess.run([sys.executable, "-m", "sb3_ppo_scale.zoo", "--algo", "scalable_ppo", "--env", "CartPole-v1",
+                    "-conf", str(ROOT / "hyperparams" / "scalable_ppo.yml"), "-n", "2000", "-f", str(logs),
+                    "--eval-freq", "-1", "--seed", "1"], check=True, capture_output=True, text=True, timeout=300)
+    model_file = logs / "scalable_ppo" / "CartPole-v1_1" / "CartPole-v1.zip"
+    model = ScalablePPO.load(model_file, device="cpu")
+    assert model.num_timesteps >= 2000 and model.n_epochs == 20 and model.gae_lambda == pytest.approx(0.8)
+    zoo_config = yaml.safe_load((model_file.parent / "CartPole-v1" / "config.yml").read_text().replace(
+        "!!python/object/apply:collections.OrderedDict", ""))
+    assert zoo_config  # rl_zoo3 wrote its record of the hyperparameters
+
+
+def test_rl_zoo3_route_checks_the_entry_before_the_zoo_evals_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump({"CartPole-v1": {"policy": "MlpPolicy", "n_timesteps": 100,
+                                                   "policy_kwargs": f"__import__('os').system('touch {marker}')"}}))
+    with pytest.raises(ValueError, match="unsupported expression"):
+        zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "CartPole-v1", "-conf", str(bad)])
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="Python configs run code"):
+        zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "CartPole-v1", "-conf", "evil.py"])
+    argv = zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "Hopper-v5", "--variant", "cpu", "-n", "5"])
+    assert "--variant" not in argv and argv[:4] == ["--algo", "scalable_ppo", "--env", "Hopper-v5"]
+    written = zoo.read_entries(argv[argv.index("-conf") + 1])
+    assert written == {"Hopper-v5": zoo.read_entries(zoo.DEFAULT_CONFIG)["Hopper-v5@cpu"]}
+
+
+def test_optuna_sampler_keeps_minibatches_inside_the_rollout() -> None:
+    zoo_main.register_algorithm()
+    from rl_zoo3 import hyperparams_opt, utils
+
+    assert utils.ALGOS["scalable_ppo"] is ScalablePPO
+    assert hyperparams_opt.HYPERPARAMS_SAMPLER["scalable_ppo"] is zoo_main.sample_scalable_ppo_params
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(30):
+        params = zoo_main.sample_scalable_ppo_params(study.ask(), n_actions=1, n_envs=4, additional_args={})
+        assert 32 <= params["batch_size"] <= min(65536, params["n_steps"] * 4)
+        zoo.check_keys(params, "sampled", "optuna")  # every sampled key is a ScalablePPO argument
+
+
+def test_bench_statistics_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = experiment._bench_module()
+    mean, low, high = bench.bootstrap_ci([1.0, 2.0, 3.0])
+    assert mean == 2.0 and 1.0 <= low < 2.0 < high <= 3.0
+    assert bench.bootstrap_ci([5.0, 5.0]) == (5.0, 5.0, 5.0)
+    curve = [{"steps": 0, "train_s": 0.0, "cpu_s": 0.0, "return": 0.0},
+             {"steps": 10, "train_s": 4.0, "cpu_s": 3.0, "return": 50.0},
+             {"steps": 20, "train_s": 9.0, "cpu_s": 7.0, "return": 100.0}]
+    assert bench.time_to_threshold(curve, 50.0) == 4.0 and bench.time_to_threshold(curve, 101.0) == float("inf")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for algo, scale in (("sb3_ppo", 2.0), ("scalable_ppo", 1.0)):
+        for seed in (0, 1):
+            timed = [{**p, "train_s": p["train_s"] * scale, "cpu_s": p["cpu_s"] * scale} for p in curve]
+            (runs / f"T__{algo}__seed{seed}.json").write_text(json.dumps({
+                "task": "T", "algo": algo, "seed": seed, "budget": 20, "entry": "T", "steps": 20,
+                "train_s": timed[-1]["train_s"], "cpu_s": timed[-1]["cpu_s"], "final_return": 100.0,
+                "steps_per_s": 20 / timed[-1]["train_s"], "curve": timed}))
+    out = _run(["bench", "--tasks", "T", "--out", str(tmp_path), "--report-only"], capsys)
+    assert "T: time to threshold 2.00x, training time 2.00x, CPU time 2.00x, steps/s 2.00x" in out
+    assert (tmp_path / "learning_summary.md").is_file() and (tmp_path / "learning_T.png").stat().st_size > 1000
