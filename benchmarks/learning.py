@@ -10,7 +10,7 @@ task and algorithm: mean over seeds with a 95% percentile bootstrap interval (10
 return, of the training time to the return threshold (first evaluation at or above it; the threshold is
 ``--threshold-frac`` x SB3 PPO's mean final return on that task) and of wall-clock env steps/s.
 
-    python benchmarks/learning.py --tasks HalfCheetah-v5 Hopper-v5 --budget 150000 --seeds 0 1 2
+    python benchmarks/learning.py --tasks HalfCheetah-v5 Hopper-v5 --budget 50000 --seeds 0 1 2
     sb3-ppo-scale bench --tasks Hopper-v5 --budget 20000 --seeds 0     # the same, through the CLI
 """
 
@@ -231,7 +231,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--tasks", nargs="+", default=["HalfCheetah-v5", "Hopper-v5"])
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--budget", type=int, default=150_000, help="env steps per run (default 150000)")
+    parser.add_argument("--budget", type=int, default=50_000, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--final-episodes", type=int, default=10)
@@ -250,8 +250,8 @@ def main(args: argparse.Namespace, command: str = "python benchmarks/learning.py
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = []
-    for task in args.tasks:
-        for seed in args.seeds:
+    for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs both algos on every task
+        for task in args.tasks:
             for algo in args.algos:
                 path = out / "runs" / f"{task}__{algo}__seed{seed}.json"
                 if not path.exists() and not args.report_only:
