@@ -62,7 +62,6 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
 def train(args: argparse.Namespace) -> int:
     """Train as the entry says; writes the run folder described in the module docstring. Returns 0."""
     from stable_baselines3.common.callbacks import EvalCallback
-    from stable_baselines3.common.vec_env import VecNormalize
 
     from sb3_ppo_scale import zoo
 
@@ -85,8 +84,9 @@ def train(args: argparse.Namespace) -> int:
     model.learn(total_timesteps=n_timesteps, callback=callback, progress_bar=not args.no_progress,
                 tb_log_name="ScalablePPO")
     model.save(run_dir / "model.zip")
-    if isinstance(env, VecNormalize) or model.get_vec_normalize_env() is not None:
-        model.get_vec_normalize_env().save(str(run_dir / "vecnormalize.pkl"))
+    vec_normalize = model.get_vec_normalize_env()
+    if vec_normalize is not None:
+        vec_normalize.save(str(run_dir / "vecnormalize.pkl"))
     result = _evaluate_run(run_dir, args.eval_episodes, args.device, deterministic=True, seed=args.seed + 20_000)
     (run_dir / "final_eval.json").write_text(json.dumps(result, indent=1))
     print(f"saved {run_dir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
