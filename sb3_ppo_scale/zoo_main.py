@@ -130,4 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         train()
     finally:
         sys.argv = saved
+        _remove_temporary_config(zoo_argv)
     return 0
+
+
+def _remove_temporary_config(zoo_argv: list[str]) -> None:
+    """Delete the one-entry YAML written by :func:`prepare_argv` (rl_zoo3 keeps its own copy in the log folder)."""
+    if "-conf" in zoo_argv:
+        conf = Path(zoo_argv[zoo_argv.index("-conf") + 1])
+        if conf.parent == Path(tempfile.gettempdir()) and conf.name.startswith("scalable_ppo_"):
+            conf.unlink(missing_ok=True)
