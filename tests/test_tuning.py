@@ -105,7 +105,7 @@ def test_bad_search_space_is_a_value_error(tmp_path: Path, param: str, entry: di
 
 
 def test_unreachable_storage_fails_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("psycopg2")
+    pytest.importorskip("psycopg")
     path = write_spec(tmp_path, tiny_spec(tmp_path))
     url = "postgresql://nobody:secret@127.0.0.1:9/none"  # port 9 (discard): nothing listens
     with pytest.raises(ValueError, match=r"cannot be reached") as error:

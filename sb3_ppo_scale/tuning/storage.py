@@ -56,7 +56,7 @@ def open_storage(storage: str) -> BaseStorage:
     except ModuleNotFoundError as error:
         raise ValueError(
             f"storage {_redact(storage)!r} needs the Python driver {error.name!r}; install it "
-            "(PostgreSQL: pip install psycopg2-binary, MySQL: pip install pymysql and use mysql+pymysql://)"
+            "(PostgreSQL: pip install 'psycopg[binary]', MySQL: pip install pymysql and use mysql+pymysql://)"
         ) from None
     except Exception as error:  # SQLAlchemy wraps driver errors in many classes
         raise ValueError(f"storage {_redact(storage)!r} cannot be reached: {str(error).splitlines()[0]}") from None
