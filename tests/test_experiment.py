@@ -93,6 +93,8 @@ def test_rl_zoo3_route_checks_the_entry_before_the_zoo_evals_it(tmp_path: Path) 
     assert "--variant" not in argv and argv[:4] == ["--algo", "scalable_ppo", "--env", "Hopper-v5"]
     written = zoo.read_entries(argv[argv.index("-conf") + 1])
     assert written == {"Hopper-v5": zoo.read_entries(zoo.DEFAULT_CONFIG)["Hopper-v5@cpu"]}
+    zoo_main._remove_temporary_config(argv)
+    assert not Path(argv[argv.index("-conf") + 1]).exists()
 
 
 def test_optuna_sampler_keeps_minibatches_inside_the_rollout() -> None:
