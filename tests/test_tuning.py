@@ -234,3 +234,19 @@ def test_sigkill_mid_trial_then_resume_loses_no_completed_trial(tmp_path: Path) 
     assert len(complete) == 3
     retry = [t for t in complete if t.user_attrs.get(RETRY_ATTR) == victim.number]
     assert len(retry) == 1 and retry[0].params == victim.params  # the killed trial ran again with its parameters
+
+
+def test_search_mode_uses_tpe_reports_intermediate_values(tmp_path: Path) -> None:
+    raw = tiny_spec(tmp_path, env="Pendulum-v1", mode="search", sampler={"name": "tpe", "seed": 0},
+                    pruner={"name": "median"}, n_trials=3)
+    spec = load_spec(write_spec(tmp_path, raw))
+    assert tune(spec) == 0
+    study = optuna.load_study(study_name="tiny:Pendulum-v1", storage=open_storage(resolve_storage(spec)))
+    assert isinstance(study.sampler, optuna.samplers.TPESampler)
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(t.state == TrialState.COMPLETE for t in trials)
+    for trial in trials:  # one report per evaluation (128, 256 steps); the value is their mean (objective auc)
+        assert sorted(trial.intermediate_values) == [128, 256]
+        curve = trial.user_attrs["eval_returns"][0]
+        assert trial.value == pytest.approx(sum(curve) / len(curve))
+        assert trial.intermediate_values[256] == pytest.approx(trial.value)
