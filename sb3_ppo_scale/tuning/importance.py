@@ -2,8 +2,8 @@
 
 Evaluators (COMPLETE trials only):
 
-- ``ped_anova``: PED-ANOVA, global (``evaluate_on_local=False``), top 10% of trials as the target. It assumes lower
-  is better, so it is given the negated return.
+- ``ped_anova``: PED-ANOVA, global (``evaluate_on_local=False``); target = the top 10% of trials but at least 5
+  (quantile ``max(0.1, 5 / n_trials)``). It assumes lower is better, so it is given the negated return.
 - ``fanova``: fANOVA (random forest, 64 trees, fixed seed 0; needs scikit-learn).
 
 Both are normalised to sum to 1 over the parameters. Stars rule (same 1-4 scale as the documented table, whose top
@@ -27,11 +27,17 @@ EVALUATOR_TITLES = {"ped_anova": "PED-ANOVA", "fanova": "fANOVA"}
 STARS_RULE = ("stars = max(1, ceil(4 x importance / top importance)): the top parameter gets 4, >= 3/4 of the top's "
               "importance 4, >= 1/2 3, >= 1/4 2, else 1")
 TOP_FRACTION = 0.1
+PED_MIN_TOP = 5
 
 
-def _evaluator(name: str) -> optuna.importance.BaseImportanceEvaluator:
+def ped_anova_quantile(n_trials: int) -> float:
+    """PED-ANOVA's target quantile: the top 10%, but at least 5 trials (its documented minimum for stability)."""
+    return min(0.5, max(TOP_FRACTION, PED_MIN_TOP / max(1, n_trials)))
+
+
+def _evaluator(name: str, n_trials: int) -> optuna.importance.BaseImportanceEvaluator:
     if name == "ped_anova":
-        return PedAnovaImportanceEvaluator(target_quantile=TOP_FRACTION, evaluate_on_local=False)
+        return PedAnovaImportanceEvaluator(target_quantile=ped_anova_quantile(n_trials), evaluate_on_local=False)
     return FanovaImportanceEvaluator(seed=0)
 
 
@@ -59,7 +65,7 @@ def importances(trials: list[FrozenTrial], params: list[str], evaluator: str) ->
         warnings.filterwarnings("ignore", message=".*low `target` values.*")  # intended: we negate the return
         warnings.filterwarnings("ignore", message=".*select the same set of trials.*")
         try:
-            result = optuna.importance.get_param_importances(study, evaluator=_evaluator(evaluator), params=params,
+            result = optuna.importance.get_param_importances(study, evaluator=_evaluator(evaluator, len(trials)), params=params,
                                                              target=target, normalize=True)
         except RuntimeError as error:  # fANOVA: "zero total variance in all trees"
             raise ValueError(f"{evaluator}: {error}") from None
@@ -131,3 +137,22 @@ def bootstrap(trials: list[FrozenTrial], params: list[str], evaluator: str, poin
 def _ranks(values: dict[str, float]) -> dict[str, int]:
     order = sorted(values, key=lambda name: (-values[name], name))
     return {name: rank for rank, name in enumerate(order, start=1)}
+
+
+def split_half_agreement(trials: list[FrozenTrial], params: list[str], evaluator: str) -> float | None:
+    """Spearman rank correlation of the importances computed on the first and second half of the trials (by number).
+
+    With Sobol sampling each half is itself a space-filling design, so this is a second, independent stability
+    check. None when a half is too small or degenerate.
+    """
+    from scipy.stats import spearmanr
+
+    half = len(trials) // 2
+    if half < 4:
+        return None
+    try:
+        first, second = importances(trials[:half], params, evaluator), importances(trials[half:], params, evaluator)
+    except ValueError:
+        return None
+    rho = spearmanr([first[p] for p in params], [second[p] for p in params]).statistic
+    return None if not math.isfinite(rho) else float(rho)
