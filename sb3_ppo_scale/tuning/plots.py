@@ -17,8 +17,10 @@ from sb3_ppo_scale.tuning.importance import EVALUATOR_TITLES, TOP_FRACTION  # no
 PNG_METADATA = {"Software": None}
 
 
-def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]], labels: dict[str, str]) -> None:
-    """Horizontal grouped bars: for each parameter, one bar per (study, evaluator). ``results[study][evaluator]``."""
+def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]], labels: dict[str, str],
+                     intervals: dict[str, dict[str, tuple[dict[str, float], dict[str, float]]]] | None = None) -> None:
+    """Horizontal grouped bars: one bar per (study, evaluator) for each parameter, ``results[study][evaluator]``;
+    ``intervals[study][evaluator] = (low, high)`` adds bootstrap 5-95% whiskers."""
     params = list(labels)
     groups = [(study, ev) for study in results for ev in results[study]]
     height = 0.8 / max(1, len(groups))
@@ -26,10 +28,16 @@ def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]]
     for index, (study, ev) in enumerate(groups):
         values = [results[study][ev].get(p, 0.0) for p in params]
         positions = np.arange(len(params)) + index * height
-        ax.barh(positions, values, height=height, label=f"{study} - {EVALUATOR_TITLES[ev]}")
+        low, high = (intervals or {}).get(study, {}).get(ev, ({}, {}))
+        xerr = None
+        if low and high:
+            xerr = np.array([[max(0.0, v - low[p]) for p, v in zip(params, values)],
+                             [max(0.0, high[p] - v) for p, v in zip(params, values)]])
+        ax.barh(positions, values, height=height, xerr=xerr, capsize=2, error_kw={"elinewidth": 0.8},
+                label=f"{study} - {EVALUATOR_TITLES[ev]}")
     ax.set_yticks(np.arange(len(params)) + 0.4 - height / 2, [labels[p] for p in params])
     ax.invert_yaxis()
-    ax.set_xlabel("normalised importance (sums to 1 per study and evaluator)")
+    ax.set_xlabel("normalised importance (sums to 1 per study and evaluator; whiskers: bootstrap 5-95%)")
     ax.set_title("PPO hyperparameter importance")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

@@ -195,7 +195,8 @@ def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> Non
     labels = {}
     for r in results:
         labels.update({p: r.arguments[p] + (" (log2)" if p.startswith("log2_") else "") for p in r.params})
-    importance_chart(out / "importance.png", {r.label: r.importance for r in results}, labels)
+    intervals = {r.label: {ev: (r.stability[ev].low, r.stability[ev].high) for ev in EVALUATORS} for r in results}
+    importance_chart(out / "importance.png", {r.label: r.importance for r in results}, labels, intervals)
     for r in results:
         log_axes = {p for p in r.params if p == "learning_rate"}
         slice_plot(out / f"slices_{_slug(r.label)}.png", f"{r.label}: objective per parameter ({r.n_trials} trials)",
