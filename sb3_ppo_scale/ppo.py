@@ -22,7 +22,7 @@ from sb3_ppo_scale.kl import (
 )
 from sb3_ppo_scale.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
 from sb3_ppo_scale.rollout import DeviceRollout, RolloutStager
-from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader
+from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader, uniform_order
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -162,9 +162,7 @@ class ScalablePPO(PPO):
         return rollout if prepare is None else prepare(rollout)
 
     def _make_loader(self, rollout: DeviceRollout) -> MinibatchLoader:
-        order = getattr(self.rollout_buffer, "epoch_order", None)  # a buffer may supply each epoch's sample order
-        if order is None:
-            return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device)
+        order = getattr(self.rollout_buffer, "epoch_order", uniform_order)  # a buffer may supply each epoch's order
         return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device, order=order)
 
     def _train_epoch(self, loader: MinibatchLoader, settings: LossSettings, stats: TrainStats, epoch: int) -> bool:
