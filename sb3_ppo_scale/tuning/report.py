@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -43,6 +44,7 @@ class StudyResult:
     top: dict[str, tuple[float, float]]
     best_value: float
     trials: list[optuna.trial.FrozenTrial]
+    budget: dict[str, Any]
 
 
 def report_command(source: str, out: str | Path, storage: str | None = None, studies: list[str] | None = None,
@@ -93,6 +95,7 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
         objective=str(study.user_attrs.get("objective", "value")), n_trials=len(trials), params=params,
         arguments=arguments, importance={}, stars={}, stability={}, split_half={}, top={p: top_range(trials, p) for p in params},
         best_value=max(float(t.value) for t in trials), trials=trials,
+        budget=dict(study.user_attrs.get("budget") or {}),
     )
     for evaluator in EVALUATORS:
         try:
@@ -161,10 +164,26 @@ def side_by_side(results: list[StudyResult]) -> list[str]:
     return lines
 
 
+def budget_text(result: StudyResult) -> str:
+    """What the study cost: trials x steps x seeds, evaluation protocol, summed trial time and wall-clock span."""
+    budget = result.budget
+    text = f"{result.n_trials} complete trials; best objective {result.best_value:.1f}."
+    if budget:
+        text += (f" Budget: {budget['timesteps']:,} env steps x {budget['seeds_per_trial']} seed(s) per trial, "
+                 f"{budget['sampler']} sampling, evaluation of {budget['n_episodes']} "
+                 f"{'deterministic ' if budget['deterministic'] else ''}episodes every {budget['eval_freq']:,} steps.")
+    durations = [t.duration.total_seconds() for t in result.trials if t.duration is not None]
+    starts = [t.datetime_start for t in result.trials if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in result.trials if t.datetime_complete is not None]
+    if durations and starts and ends:
+        text += (f" Trial time summed: {sum(durations) / 60:.0f} min (median {sorted(durations)[len(durations) // 2]:.0f} s "
+                 f"per trial); first start to last finish: {(max(ends) - min(starts)).total_seconds() / 60:.0f} min.")
+    return text
+
+
 def detail(result: StudyResult) -> list[str]:
     """Per-study numbers: importance with its bootstrap 5-95% interval, how often the rank held, stars, top range."""
-    lines = [f"### {result.label} (`{result.name}`)", "",
-             f"{result.n_trials} complete trials; best objective {result.best_value:.1f}.", ""]
+    lines = [f"### {result.label} (`{result.name}`)", "", budget_text(result), ""]
     header = ["parameter"] + [f"{EVALUATOR_TITLES[ev]} importance (5-95%)" for ev in EVALUATORS]
     header += [f"{EVALUATOR_TITLES[ev]} rank kept" for ev in EVALUATORS] + ["stars (PED / fANOVA)", "top-10% range"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

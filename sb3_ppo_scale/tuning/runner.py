@@ -89,6 +89,11 @@ def open_study(spec: StudySpec, env_id: str, storage: str) -> optuna.Study:
     study.set_user_attr("env_id", env_id)
     study.set_user_attr("objective", spec.evaluation.objective)
     study.set_user_attr("space", {p.optuna_name: p.name for p in spec.space})
+    study.set_user_attr("budget", {
+        "timesteps": spec.timesteps, "seeds_per_trial": spec.seeds_per_trial, "eval_freq": spec.evaluation.eval_freq,
+        "n_episodes": spec.evaluation.n_episodes, "deterministic": spec.evaluation.deterministic,
+        "sampler": spec.sampler.get("name"), "mode": spec.mode,
+    })
     return study
 
 
