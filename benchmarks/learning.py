@@ -31,7 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 DEFAULT_CONFIG = ROOT / "hyperparams" / "scalable_ppo.yml"
 #: algorithm label -> (config variant, class path)
-ALGOS = {"sb3_ppo": (None, "stable_baselines3.PPO"), "scalable_ppo": ("cpu", "sb3_ppo_scale.ScalablePPO")}
+ALGOS = {
+    "sb3_ppo": (None, "stable_baselines3.PPO"),
+    "scalable_ppo": ("cpu", "sb3_ppo_scale.ScalablePPO"),
+    "scalable_ppo_linear": ("cpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
+}
+DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo"]
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -152,11 +157,11 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float) -> dict[str,
     return summary
 
 
-def _ratio(summary_task: dict[str, Any], key: str) -> float:
+def _ratio(summary_task: dict[str, Any], key: str, algo: str = "scalable_ppo") -> float:
     algos = summary_task["algos"]
-    if "sb3_ppo" not in algos or "scalable_ppo" not in algos:
+    if "sb3_ppo" not in algos or algo not in algos:
         return float("nan")
-    return algos["sb3_ppo"][key][0] / algos["scalable_ppo"][key][0]
+    return algos["sb3_ppo"][key][0] / algos[algo][key][0]
 
 
 def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str) -> Path:
@@ -181,10 +186,18 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
             )
     lines += ["", "Ratios (SB3 PPO / ScalablePPO, from the means; > 1 means ScalablePPO is faster):", ""]
     for task, data in summary.items():
-        lines.append(
-            f"- {task}: time to threshold {_ratio(data, 'time_to_threshold'):.2f}x, "
-            f"training time {_ratio(data, 'train_s'):.2f}x, CPU time {_ratio(data, 'cpu_s'):.2f}x, steps/s {1 / _ratio(data, 'steps_per_s'):.2f}x"
-        )
+        for algo in data["algos"]:
+            if algo == "sb3_ppo":
+                continue
+            to_threshold = _ratio(data, "time_to_threshold", algo)
+            reached = f"{to_threshold:.2f}x" if 0 < to_threshold < float("inf") else "n/a (not reached on every seed)"
+            lines.append(
+                f"- {task}, {algo}: time to threshold {reached}, "
+                f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
+                f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, final return "
+                f"{data['algos'][algo]['final_return'][0] / data['algos']['sb3_ppo']['final_return'][0]:.2f}x of SB3's"
+                if "sb3_ppo" in data["algos"] else f"- {task}, {algo}: no SB3 PPO runs to compare with"
+            )
     path = out / "learning_summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -200,7 +213,7 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for task in sorted({r["task"] for r in results}):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for algo, color in zip(ALGOS, ("tab:blue", "tab:orange")):
+        for algo, color in zip(ALGOS, ("tab:blue", "tab:orange", "tab:green")):
             runs = [r for r in results if r["task"] == task and r["algo"] == algo]
             if not runs:
                 continue
@@ -216,7 +229,7 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
             ax.set_ylabel("evaluation return")
             ax.grid(alpha=0.3)
             ax.legend()
-        fig.suptitle(f"{task}: ScalablePPO (@cpu config) vs SB3 PPO (zoo config)")
+        fig.suptitle(f"{task}: ScalablePPO (@cpu configs) vs SB3 PPO (zoo config)")
         fig.tight_layout()
         path = out / f"learning_{task}.png"
         fig.savefig(path, dpi=100)
@@ -229,7 +242,7 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["HalfCheetah-v5", "Hopper-v5"])
-    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    parser.add_argument("--algos", nargs="+", default=DEFAULT_ALGOS, choices=list(ALGOS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=50_000, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")

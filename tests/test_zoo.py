@@ -73,7 +73,8 @@ def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
     def lr(raw: dict) -> float:
         value = zoo.parse_schedule(raw.get("learning_rate", 3e-4))
         return value(1.0) if callable(value) else value
-    expected = min(1e-3, lr(plain) * math.sqrt(variant["batch_size"] / plain.get("batch_size", 64)))
+    ratio = variant["batch_size"] / plain.get("batch_size", 64)
+    expected = min(1e-3, lr(plain) * (ratio if entry.endswith("_linear") else math.sqrt(ratio)))
     assert lr(variant) == pytest.approx(expected, rel=0.02)
     assert variant["batch_size"] <= variant.get("n_steps", 2048) * variant.get("n_envs", 1)
     if entry.endswith("@gpu"):
