@@ -92,6 +92,22 @@ class ScalablePPO(PPO):
         super()._setup_model()
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
+        if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
+            self.rollout_buffer = None  # type: ignore[assignment]
+
+    def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        if self.rollout_buffer is None:
+            self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
+                self.n_steps,
+                self.observation_space,  # type: ignore[arg-type]
+                self.action_space,
+                device=self.device,
+                gamma=self.gamma,
+                gae_lambda=self.gae_lambda,
+                n_envs=self.n_envs,
+                **self.rollout_buffer_kwargs,
+            )
+        return super()._setup_learn(*args, **kwargs)
 
     def _check_kl_penalty(self) -> None:
         check_kl_penalty(

@@ -111,13 +111,14 @@ def test_save_load_round_trip_and_continue(tmp_path) -> None:
     loaded = ScalablePPO.load(tmp_path / "model", device="cpu")
     assert loaded.grad_accum_steps == 4 and loaded.buffer_device == "cpu"
     assert loaded._n_grad_steps == model._n_grad_steps == 2 * 2 * 2
-    assert loaded._rollout_stager is None  # loading for inference allocates no device rollout
+    assert loaded._rollout_stager is None and loaded.rollout_buffer is None  # inference: no rollout storage
     assert max_param_diff(model, loaded) == 0.0
     obs = np.zeros((1, 3), dtype=np.float32)
     np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
 
     loaded.set_env(make_vec_env("Pendulum-v1", n_envs=1, seed=1))
-    loaded.learn(64, reset_num_timesteps=False)
+    loaded.learn(64, reset_num_timesteps=False)  # the rollout storage appears when learning needs it
+    assert loaded.rollout_buffer.observations.shape == (64, 1, 3)
     assert loaded.num_timesteps == 3 * 64
     assert loaded._n_grad_steps == 2 * 2 * 2 + 2 * 2
 
