@@ -108,6 +108,8 @@ def bootstrap_ci(values: Sequence[float], n_resamples: int = 10_000, seed: int =
     data = np.asarray(values, dtype=float)
     if len(data) == 0:
         return float("nan"), float("nan"), float("nan")
+    if not np.all(np.isfinite(data)):
+        return float("inf"), float("nan"), float("nan")  # some seed never got there
     rng = np.random.default_rng(seed)
     means = data[rng.integers(0, len(data), size=(n_resamples, len(data)))].mean(axis=1)
     return float(data.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
