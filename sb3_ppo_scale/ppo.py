@@ -83,12 +83,13 @@ class ScalablePPO(PPO):
         self._n_grad_steps = 0
         self._rollout_stager: RolloutStager | None = None
         super().__init__(policy, env, *args, **kwargs)
+        if self.env is not None:
+            check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
         check_batching(self.batch_size, self.grad_accum_steps, self.normalize_advantage)
         self._check_kl_penalty()
-        check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         super()._setup_model()
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
@@ -96,6 +97,8 @@ class ScalablePPO(PPO):
             self.rollout_buffer = None  # type: ignore[assignment]
 
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        # checked here, not at load: a model may be loaded with fewer envs for evaluation
+        check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,
