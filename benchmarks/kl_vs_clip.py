@@ -52,7 +52,10 @@ def run_path(out: Path, task: str, setting: str, seed: int) -> Path:
 
 
 def run_one(task: str, setting: str, seed: int, steps: int, out: Path) -> str:
-    """Train one (task, setting, seed) and cache its episode returns."""
+    """Train one (task, setting, seed) and cache its episode returns (skipped if already cached)."""
+    path = run_path(out, task, setting, seed)
+    if path.exists():
+        return f"{task} | {setting} | seed {seed}: cached"
     import torch as th
 
     th.set_num_threads(1)
@@ -67,7 +70,6 @@ def run_one(task: str, setting: str, seed: int, steps: int, out: Path) -> str:
     returns = [float(info["r"]) for info in model.ep_info_buffer]  # the last (up to) 100 episodes
     record = dict(task=task, setting=setting, seed=seed, steps=steps, last_returns=returns,
                   seconds=time.perf_counter() - start, final_kl_beta=model.kl_beta)
-    path = run_path(out, task, setting, seed)
     path.write_text(json.dumps(record))
     return f"{task} | {setting} | seed {seed}: {np.mean(returns):9.1f} ({record['seconds']:.0f} s)"
 
