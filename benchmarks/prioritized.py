@@ -155,7 +155,7 @@ def report(out: Path, points: int) -> None:
     fig, axes = plt.subplots(1, len(ENVS), figsize=(7 * len(ENVS), 4.5))
     for ax, (env_id, (steps, n_envs, kwargs)) in zip(np.atleast_1d(axes), ENVS.items()):
         lines += [f"## {env_id}: {steps} steps, n_envs={n_envs}, " + ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "policy_kwargs"), "",
-                  "| config | seeds | final return | AUC | minutes/run |", "|---|---|---|---|---|"]
+                  "| config | seeds | final return | AUC | per-seed final | minutes/run |", "|---|---|---|---|---|---|"]
         for config in CONFIGS:
             files = sorted((out / "runs").glob(run_path(out, env_id, config, 0).name.replace("__0.json", "__*.json")))
             records = [json.loads(f.read_text()) for f in files]
@@ -167,7 +167,7 @@ def report(out: Path, points: int) -> None:
             al, ah = bootstrap_ci(auc, rng)
             minutes = np.mean([r["seconds"] for r in records]) / 60
             lines.append(f"| {config} | {len(records)} | {final.mean():.1f} [{fl:.1f}, {fh:.1f}] | "
-                         f"{auc.mean():.1f} [{al:.1f}, {ah:.1f}] | {minutes:.1f} |")
+                         f"{auc.mean():.1f} [{al:.1f}, {ah:.1f}] | {' '.join(f'{v:.0f}' for v in final)} | {minutes:.1f} |")
             x = np.linspace(0, steps, points + 1)[1:]
             style = "-" if config == "uniform" else ("--" if "retain" in config else ":" if "no corr" in config else "-.")
             ax.plot(x, curves.mean(axis=0), style, label=config, lw=2.2 if config == "uniform" else 1.2)
