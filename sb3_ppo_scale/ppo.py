@@ -148,7 +148,9 @@ class ScalablePPO(PPO):
             if stopped:
                 break
         measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
-        self._record(stats, settings, measured_kl)
+        summary = self._record(stats, settings, measured_kl)
+        if measured_kl is not None:
+            self._adapt_kl_beta(summary["kl"], settings)
 
     @property
     def _micro_batch_size(self) -> int:
@@ -221,8 +223,8 @@ class ScalablePPO(PPO):
             return True
         return False
 
-    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
-        """Log every key PPO logs, with the same meaning, after a single device-to-host sync."""
+    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> dict[str, float]:
+        """Log every key PPO logs, with the same meaning, after a single device-to-host sync; returns the summary."""
         extra = {} if measured_kl is None else {"kl": measured_kl}
         if hasattr(self.policy, "log_std"):
             extra["std"] = th.exp(self.policy.log_std).mean().detach()
@@ -238,11 +240,10 @@ class ScalablePPO(PPO):
         self.logger.record("train/clip_range", settings.clip_range)
         if settings.clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", settings.clip_range_vf)
-        if measured_kl is not None:
-            self._adapt_kl_beta(summary["kl"], settings)
         buffer_log = getattr(self.rollout_buffer, "train_log", None)  # e.g. train/retained_fraction
         for key, value in ({} if buffer_log is None else buffer_log()).items():
             self.logger.record(key, value)
+        return summary
 
     def _adapt_kl_beta(self, measured_kl: float, settings: LossSettings) -> None:
         """Log the KL measured after the update and the beta it was trained with, then adapt beta."""
