@@ -70,7 +70,7 @@ def importances(trials: list[FrozenTrial], params: list[str], evaluator: str) ->
         except RuntimeError as error:  # fANOVA: "zero total variance in all trees"
             raise ValueError(f"{evaluator}: {error}") from None
         except ImportError as error:
-            raise ValueError(f"{evaluator} needs scikit-learn: pip install 'sb3-ppo-scale[analysis]' ({error})") from None
+            raise ValueError(f"{evaluator} needs scikit-learn (a dependency of sb3-ppo-scale): pip install scikit-learn ({error})") from None
     values = {name: float(result.get(name, 0.0)) for name in params}
     if not all(math.isfinite(v) for v in values.values()) or sum(values.values()) <= 0:
         raise ValueError(f"{evaluator}: degenerate importances {values}")
