@@ -47,6 +47,13 @@ def synthetic_model(cls: type[PPO], shape: str, n_envs: int, n_steps: int, devic
     return model
 
 
+def refill(model: PPO) -> None:
+    """A fresh rollout, as after collection: SB3's ``get()`` flattens the buffer in place on its first call, and
+    ScalablePPO stages (flattens) it once per rollout, so each timed ``train()`` must start from a new rollout."""
+    model.rollout_buffer.reset()
+    fill_rollout(model.rollout_buffer, model.observation_space, model.action_space)
+
+
 def fill_rollout(buffer, obs_space: spaces.Space, act_space: spaces.Space, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     shape = (buffer.buffer_size, buffer.n_envs)
@@ -68,6 +75,12 @@ def fill_rollout(buffer, obs_space: spaces.Space, act_space: spaces.Space, seed:
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         th.cuda.synchronize()
+
+
+def timed_train(model: PPO, device: str) -> float:
+    """Seconds of one ``model.train()`` on a fresh copy of the synthetic rollout (refilled outside the timing)."""
+    refill(model)
+    return timed(model.train, device)
 
 
 def timed(fn: Callable[[], None], device: str) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch as th
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine_line, median, synthetic_model, timed  # noqa: E402
+from benchmarks.common import machine_line, median, synthetic_model, timed_train  # noqa: E402
 from sb3_ppo_scale import ScalablePPO  # noqa: E402
 
 OBJECTIVES = ["clip", "kl_penalty", "clip_kl_penalty"]
@@ -38,7 +38,7 @@ def measure(shape: str, batch: int, device: str, repeats: int) -> dict[str, tupl
     for _ in range(repeats):
         for objective, model in models.items():
             start = time.process_time()
-            wall[objective].append(timed(model.train, device))
+            wall[objective].append(timed_train(model, device))
             cpu[objective].append(time.process_time() - start)
     return {o: (median(wall[o]), median(cpu[o])) for o in OBJECTIVES}
 

@@ -106,7 +106,11 @@ def load_runs(out: Path) -> list[dict[str, Any]]:
 
 
 def normalised_scores(runs: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Per task: mean raw score per setting; and per setting, per task: normalised score (random 0, best 1)."""
+    """Per task: mean raw score per setting; and per setting, per task: normalised score (random 0, best 1).
+
+    A task whose best setting does not beat the random policy has no scale to normalise by (nothing learned yet):
+    it gets no normalised scores and is left out of the averages.
+    """
     raw: dict[str, dict[str, list[float]]] = {}
     for r in runs:
         raw.setdefault(r["task"], {}).setdefault(r["setting"], []).append(float(np.mean(r["last_returns"])))
@@ -114,6 +118,8 @@ def normalised_scores(runs: list[dict[str, Any]]) -> tuple[dict[str, dict[str, f
     normalised: dict[str, dict[str, float]] = {s: {} for s in SETTINGS}
     for task, by_setting in means.items():
         zero, best = random_score(task), max(by_setting.values())
+        if best <= zero:
+            continue
         for setting, value in by_setting.items():
             normalised[setting][task] = (value - zero) / (best - zero)
     return means, normalised
@@ -123,6 +129,7 @@ def report(args: argparse.Namespace) -> None:
     runs = load_runs(args.out)
     means, normalised = normalised_scores(runs)
     tasks = sorted(means)
+    excluded = [t for t in tasks if all(t not in normalised[s] for s in SETTINGS)]
     seeds = sorted({r["seed"] for r in runs})
     steps = sorted({r["steps"] for r in runs})
     lines = ["# PPO paper Table 1 design: clipping vs KL penalty (ScalablePPO objectives)", "",
@@ -139,8 +146,11 @@ def report(args: argparse.Namespace) -> None:
     for setting, (_, paper) in SETTINGS.items():
         per_task = normalised[setting]
         ours = np.mean(list(per_task.values())) if per_task else float("nan")
-        cells = " | ".join(f"{per_task.get(t, float('nan')):.2f}" for t in tasks)
+        cells = " | ".join(f"{per_task[t]:.2f}" if t in per_task else "n/a" for t in tasks)
         lines.append(f"| {setting} | {ours:.2f} | {paper:.2f} | {cells} |")
+    if excluded:
+        lines += ["", f"Left out of the normalised averages (no setting beat the random policy at this budget, so "
+                  f"there is no scale to normalise by): {', '.join(excluded)}."]
     lines += ["", "Raw scores (mean over seeds of the last-100-episode mean return):", "",
               "| setting | " + " | ".join(tasks) + " |", "|---|" + "---:|" * len(tasks)]
     for setting in SETTINGS:

@@ -2,7 +2,8 @@
 
 For each rollout shape (HalfCheetah-like: obs 17 float32, 6-d Box actions, MLP; Atari-like: 4x84x84 uint8,
 Discrete(6), CnnPolicy) and each batch size, both models train on identical data in this process, alternating
-PPO / ScalablePPO for ``--repeats`` rounds after one warm-up each; samples/s is ``n_epochs * N / seconds``
+PPO / ScalablePPO for ``--repeats`` rounds after one warm-up each, each timed call on a freshly filled rollout
+(as after collection: both flatten it once per rollout); samples/s is ``n_epochs * N / seconds``
 and the ratio is ScalablePPO / PPO of the medians. Then the peak memory of one train() call, not counting the
 rollout storage (CUDA: max_memory_allocated above what was allocated before the call; CPU: the torch
 profiler's memory timeline, peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
@@ -23,7 +24,7 @@ import torch as th
 from stable_baselines3 import PPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine_line, median, sync, synthetic_model, timed  # noqa: E402
+from benchmarks.common import machine_line, median, sync, synthetic_model, timed_train  # noqa: E402
 from sb3_ppo_scale import ScalablePPO  # noqa: E402
 
 # shape -> (n_envs, n_steps, batch sizes, n_epochs)
@@ -47,7 +48,7 @@ def throughput_rows(shape: str, device: str, repeats: int) -> list[dict]:
         seconds: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(repeats):
             for name, model in models.items():
-                seconds[name].append(timed(model.train, device))
+                seconds[name].append(timed_train(model, device))
         rate = {name: n_epochs * n_samples / median(s) for name, s in seconds.items()}
         rows.append(dict(batch=batch, ppo=rate["PPO"], ours=rate["ScalablePPO"], ratio=rate["ScalablePPO"] / rate["PPO"]))
         print(f"{shape:12s} batch {batch:6d}: PPO {rate['PPO']:12,.0f}  ScalablePPO {rate['ScalablePPO']:12,.0f}  "
