@@ -26,7 +26,7 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 TASKS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Swimmer-v5", "InvertedDoublePendulum-v5",
          "InvertedPendulum-v5", "Reacher-v5"]
-DEFAULT_TASKS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5"]
+DEFAULT_TASKS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5", "InvertedDoublePendulum-v5", "Reacher-v5", "Swimmer-v5"]
 
 #: setting -> ScalablePPO kwargs; paper score (Table 1, 7 tasks, 1M steps, 3 seeds)
 SETTINGS: dict[str, tuple[dict[str, Any], float]] = {
