@@ -178,7 +178,7 @@ def plot(normalised: dict[str, dict[str, float]], path: Path) -> None:
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlabel("normalised score (random = 0, best setting = 1), mean over tasks")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
