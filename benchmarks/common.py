@@ -65,6 +65,7 @@ def fill_rollout(buffer, obs_space: spaces.Space, act_space: spaces.Space, seed:
         buffer.actions[:] = rng.integers(0, act_space.n, size=buffer.actions.shape)
     else:
         buffer.actions[:] = rng.uniform(-1, 1, size=buffer.actions.shape).astype(np.float32)
+    buffer.rewards[:] = rng.standard_normal(shape, dtype=np.float32)
     buffer.log_probs[:] = rng.normal(-2.0, 0.3, size=shape).astype(np.float32)
     buffer.values[:] = rng.standard_normal(shape, dtype=np.float32)
     buffer.advantages[:] = rng.standard_normal(shape, dtype=np.float32)

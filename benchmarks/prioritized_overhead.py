@@ -1,6 +1,6 @@
 """Overhead of prioritized sampling in ScalablePPO.train(): a synthetic rollout, uniform vs PrioritizedRolloutBuffer.
 
-The rollout buffer (HalfCheetah-shaped: obs 17, action 6, MLP 64x64) is filled with random data once and
+The rollout buffer (HalfCheetah-shaped: obs 17, action 6, MLP 64x64; ``benchmarks/common.py``) is filled with random data once and
 ``model.train()`` is timed on it; configurations alternate within each repeat and the medians are reported.
 Default: N = 1 048 576 samples, batch 65 536, 1 epoch, 5 repeats, one CPU thread. Both wall time and process
 CPU time are reported (on a shared machine CPU time of a single-threaded process is the steadier measure).
@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch as th
-from gymnasium import spaces
-from stable_baselines3.common.logger import configure
 
-from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import synthetic_model  # noqa: E402
+from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -39,39 +39,15 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 }
 
 
-class _ShapeEnv(gym.Env):
-    """Only provides HalfCheetah's spaces; never stepped."""
-
-    observation_space = spaces.Box(-np.inf, np.inf, (17,), np.float32)
-    action_space = spaces.Box(-1.0, 1.0, (6,), np.float32)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):  # type: ignore[override]
-        return np.zeros(17, np.float32), {}
-
-    def step(self, action):  # type: ignore[override]
-        return np.zeros(17, np.float32), 0.0, False, False, {}
-
-
 def make_model(kwargs: dict[str, Any] | None, samples: int, batch: int, epochs: int, device: str) -> ScalablePPO:
+    """A ScalablePPO on the shared synthetic HalfCheetah-shaped rollout, with the given prioritized-buffer kwargs."""
     extra: dict[str, Any] = {}
     if kwargs is not None:
         kwargs = dict(kwargs)
         if "capacity" in kwargs:
             kwargs["capacity"] *= samples
         extra = dict(rollout_buffer_class=PrioritizedRolloutBuffer, rollout_buffer_kwargs=kwargs)
-    model = ScalablePPO("MlpPolicy", _ShapeEnv(), n_steps=samples, batch_size=batch, n_epochs=epochs, seed=0, device=device, **extra)
-    model.set_logger(configure(None, []))
-    fill(model.rollout_buffer, np.random.default_rng(0))
-    return model
-
-
-def fill(buffer: Any, rng: np.random.Generator) -> None:
-    """Random rollout contents (same for every configuration)."""
-    for name in ("observations", "actions", "rewards", "values", "log_probs", "advantages", "returns"):
-        array = getattr(buffer, name)
-        array[...] = rng.standard_normal(array.shape, dtype=np.float32)
-    buffer.log_probs[...] = -np.abs(buffer.log_probs) - 5.0
-    buffer.full, buffer.pos = True, buffer.buffer_size
+    return synthetic_model(ScalablePPO, "halfcheetah", 1, samples, device, batch_size=batch, n_epochs=epochs, **extra)
 
 
 def timed_train(model: ScalablePPO) -> tuple[float, float]:
