@@ -17,15 +17,18 @@ return, of the training time to the return threshold (first evaluation at or abo
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import multiprocessing as mp
 import time
-from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.stats import bootstrap_ci  # noqa: E402  (re-exported: `sb3-ppo-scale bench` loads this file by path)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
@@ -103,18 +106,6 @@ def run_one(task: str, algo: str, seed: int, budget: int, eval_every: int, eval_
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def bootstrap_ci(values: Sequence[float], n_resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean and 95% percentile bootstrap interval of the mean; infinite values propagate (not reached)."""
-    data = np.asarray(values, dtype=float)
-    if len(data) == 0:
-        return float("nan"), float("nan"), float("nan")
-    if not np.all(np.isfinite(data)):
-        return float("inf"), float("nan"), float("nan")  # some seed never got there
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, len(data), size=(n_resamples, len(data)))].mean(axis=1)
-    return float(data.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
 def time_to_threshold(curve: list[dict[str, float]], threshold: float) -> float:
     """Training seconds at the first evaluation whose return is >= threshold (inf if never)."""
     for point in curve:
