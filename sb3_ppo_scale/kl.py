@@ -13,6 +13,7 @@ actions, an unbiased, non-negative estimate of KL(pi_old || pi) (http://joschu.n
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 
 import torch as th
@@ -104,16 +105,17 @@ def evaluate_with_distribution(
     return policy.value_net(latent_vf), log_prob, distribution.entropy(), distribution
 
 
-def _chunks(rollout: DeviceRollout, chunk_size: int, device: th.device) -> Iterator:
+def _chunks(rollout: DeviceRollout, chunk_size: int, device: th.device) -> Iterator[tuple[slice, Any]]:
+    """``(rows, samples)`` for consecutive chunks of the rollout, gathered onto ``device``."""
     for start in range(0, len(rollout), chunk_size):
-        idx = th.arange(start, min(start + chunk_size, len(rollout)), device=rollout.device)
-        yield rollout.gather(idx, device)
+        rows = slice(start, min(start + chunk_size, len(rollout)))
+        yield rows, rollout.gather(th.arange(rows.start, rows.stop, device=rollout.device), device)
 
 
 @th.no_grad()
 def rollout_distribution_params(policy: ActorCriticPolicy, rollout: DeviceRollout, chunk_size: int) -> th.Tensor:
     """The current policy's distribution parameters for every rollout sample, one no-grad pass in chunks."""
-    parts = [distribution_params(policy.get_distribution(data.observations)) for data in _chunks(rollout, chunk_size, policy.device)]
+    parts = [distribution_params(policy.get_distribution(data.observations)) for _, data in _chunks(rollout, chunk_size, policy.device)]
     return th.cat(parts).to(rollout.device)
 
 
@@ -123,11 +125,11 @@ def mean_rollout_kl(
 ) -> th.Tensor:
     """Mean KL(pi_old || pi) over the whole rollout (a device scalar; no host sync)."""
     total = th.zeros((), device=policy.device)
-    for start, data in zip(range(0, len(rollout), chunk_size), _chunks(rollout, chunk_size, policy.device)):
+    for rows, data in _chunks(rollout, chunk_size, policy.device):
         actions = data.actions.long().flatten() if discrete else data.actions
         _, log_prob, _, distribution = evaluate_with_distribution(policy, data.observations, actions)
         if estimator == ANALYTIC:
-            old = rollout.old_dist[start : start + chunk_size].to(policy.device)  # type: ignore[index]
+            old = rollout.old_dist[rows].to(policy.device)  # type: ignore[index]
             total += analytic_kl(old, distribution).sum()
         else:
             total += k3_kl(log_prob, data.old_log_prob).sum()
