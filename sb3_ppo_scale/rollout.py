@@ -103,11 +103,6 @@ class RolloutStager:
         self._host: dict[str, th.Tensor] = {}
         self._device: dict[str, th.Tensor] = {}
 
-    @property
-    def allocated_bytes(self) -> int:
-        """Bytes of device storage this stager holds (0 on the CPU, where nothing is copied)."""
-        return sum(t.numel() * t.element_size() for t in self._device.values())
-
     def stage(self, buffer: RolloutBuffer) -> DeviceRollout:
         arrays = rollout_arrays(buffer)
         moved = {name: self._move(name, value) for name, value in arrays.items()}
