@@ -4,7 +4,8 @@ For each rollout shape (HalfCheetah-like: obs 17 float32, 6-d Box actions, MLP; 
 Discrete(6), CnnPolicy) and each batch size, both models train on identical data in this process, alternating
 PPO / ScalablePPO for ``--repeats`` rounds after one warm-up each, each timed call on a freshly filled rollout
 (as after collection: both flatten it once per rollout); samples/s is ``n_epochs * N / seconds``
-and the ratio is ScalablePPO / PPO of the medians. Then the peak memory of one train() call, not counting the
+and the ratio is ScalablePPO / PPO of the medians. On CUDA a third model, ScalablePPO(cuda_graphs=True), is
+timed in the same rotation. Then the peak memory of one train() call, not counting the
 rollout storage (CUDA: max_memory_allocated above what was allocated before the call; CPU: the torch
 profiler's memory timeline, peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
 batch 4 096 without accumulation.
@@ -34,14 +35,22 @@ CONFIGS = {
 }
 
 
-def throughput_rows(shape: str, device: str, repeats: int) -> list[dict]:
+def variants(device: str, graphs: bool = True) -> dict[str, tuple[type[PPO], dict]]:
+    """What is timed: SB3 PPO, ScalablePPO as constructed by default, and on CUDA ScalablePPO(cuda_graphs=True)."""
+    timed = {"PPO": (PPO, {}), "ScalablePPO": (ScalablePPO, {})}
+    if device.startswith("cuda") and graphs:
+        timed["ScalablePPO cuda_graphs"] = (ScalablePPO, {"cuda_graphs": True})
+    return timed
+
+
+def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True) -> list[dict]:
     n_envs, n_steps, batches, n_epochs = CONFIGS[shape]
     n_samples = n_envs * n_steps
     rows = []
     for batch in batches:
         models = {
-            cls.__name__: synthetic_model(cls, shape, n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs)
-            for cls in (PPO, ScalablePPO)
+            name: synthetic_model(cls, shape, n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs, **extra)
+            for name, (cls, extra) in variants(device, graphs).items()
         }
         for model in models.values():  # warm-up: allocator, kernels, ScalablePPO's staging buffers
             model.train()
@@ -50,9 +59,9 @@ def throughput_rows(shape: str, device: str, repeats: int) -> list[dict]:
             for name, model in models.items():
                 seconds[name].append(timed_train(model, device))
         rate = {name: n_epochs * n_samples / median(s) for name, s in seconds.items()}
-        rows.append(dict(batch=batch, ppo=rate["PPO"], ours=rate["ScalablePPO"], ratio=rate["ScalablePPO"] / rate["PPO"]))
-        print(f"{shape:12s} batch {batch:6d}: PPO {rate['PPO']:12,.0f}  ScalablePPO {rate['ScalablePPO']:12,.0f}  "
-              f"ratio {rows[-1]['ratio']:.2f}", flush=True)
+        rows.append(dict(batch=batch, rate=rate))
+        print(f"{shape:12s} batch {batch:6d}: " + "  ".join(
+            f"{name} {value:12,.0f} ({value / rate['PPO']:.2f}x)" for name, value in rate.items()), flush=True)
         del models
     return rows
 
@@ -77,11 +86,13 @@ def peak_train_memory(model: PPO, device: str) -> int:
     return int(totals.max() - totals[0])
 
 
-def memory_rows(device: str) -> list[dict]:
+def memory_rows(device: str, graphs: bool = True) -> list[dict]:
     n_envs, n_steps = 16, 4096
     settings = [("PPO", PPO, 4096, {}), ("ScalablePPO", ScalablePPO, 4096, {}),
                 ("PPO", PPO, 65536, {}), ("ScalablePPO", ScalablePPO, 65536, {}),
                 ("ScalablePPO", ScalablePPO, 65536, {"grad_accum_steps": 16})]
+    if device.startswith("cuda") and graphs:  # graphs keep their activations in a private pool: measured too
+        settings.append(("ScalablePPO cuda_graphs", ScalablePPO, 4096, {"cuda_graphs": True}))
     rows = []
     for name, cls, batch, extra in settings:
         model = synthetic_model(cls, "halfcheetah", n_envs, n_steps, device, batch_size=batch, n_epochs=1, **extra)
@@ -96,12 +107,16 @@ def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: lis
              f"Produced by `python benchmarks/train_phase.py --device {device} --repeats {repeats}` on "
              f"{datetime.date.today()}; {machine_line(device)}.", "",
              "Samples/s through `train()` on the same synthetic rollout, medians over "
-             f"{repeats} alternating repeats after a warm-up; ratio = ScalablePPO / SB3 PPO.", ""]
+             f"{repeats} alternating repeats after a warm-up; ratio = that column / SB3 PPO.", ""]
     for shape, rows in tables.items():
         n_envs, n_steps, _, n_epochs = CONFIGS[shape]
+        names = [name for name in rows[0]["rate"] if name != "PPO"]
         lines += [f"## {shape}-shaped rollout (N = {n_envs * n_steps:,}, n_epochs = {n_epochs})", "",
-                  "| batch | SB3 PPO samples/s | ScalablePPO samples/s | ratio |", "|---:|---:|---:|---:|"]
-        lines += [f"| {r['batch']:,} | {r['ppo']:,.0f} | {r['ours']:,.0f} | {r['ratio']:.2f} |" for r in rows]
+                  "| batch | SB3 PPO samples/s | " + " | ".join(f"{n} samples/s | ratio" for n in names) + " |",
+                  "|---:|---:|" + "---:|---:|" * len(names)]
+        for r in rows:
+            cells = " | ".join(f"{r['rate'][n]:,.0f} | {r['rate'][n] / r['rate']['PPO']:.2f}" for n in names)
+            lines.append(f"| {r['batch']:,} | {r['rate']['PPO']:,.0f} | {cells} |")
         lines.append("")
     base = next(r["peak"] for r in memory if r["name"] == "ScalablePPO" and r["batch"] == 4096)
     lines += ["## Peak memory of one train() call, rollout storage excluded (HalfCheetah-shaped, N = 65,536)", "",
@@ -116,10 +131,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if th.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3, help="alternating timed repeats per setting (default 3)")
     parser.add_argument("--shapes", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="on CUDA, also time ScalablePPO(cuda_graphs=True) (default on)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    tables = {shape: throughput_rows(shape, args.device, args.repeats) for shape in args.shapes}
-    memory = memory_rows(args.device)
+    tables = {shape: throughput_rows(shape, args.device, args.repeats, args.graphs) for shape in args.shapes}
+    memory = memory_rows(args.device, args.graphs)
     out = Path(args.out) / f"train_phase_{args.device.split(':')[0]}.md"
     out.write_text(render(args.device, args.repeats, tables, memory))
     print(f"wrote {out}")

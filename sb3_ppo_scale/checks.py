@@ -90,3 +90,23 @@ def check_kl_penalty(
         raise ValueError(f"kl_adapt_factor must be a number > 1, got {kl_adapt_factor!r}")
     if not isinstance(kl_adapt_tolerance, (int, float)) or isinstance(kl_adapt_tolerance, bool) or kl_adapt_tolerance < 1:
         raise ValueError(f"kl_adapt_tolerance must be a number >= 1, got {kl_adapt_tolerance!r}")
+
+
+def check_cuda_graphs(cuda_graphs: object, policy_device: th.device, buffer_device: th.device, optimizer: object) -> None:
+    """``cuda_graphs=True`` needs the policy and the rollout on one CUDA device and a capturable optimizer."""
+    if not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+    if not cuda_graphs:
+        return
+    if policy_device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs the policy on a CUDA device (device='cuda'), but it is on {policy_device}")
+    if buffer_device != policy_device:
+        raise ValueError(
+            f"cuda_graphs=True needs buffer_device to be the policy's device ({policy_device}) or 'auto', got {buffer_device}"
+        )
+    defaults = getattr(optimizer, "defaults", {})
+    if "capturable" not in defaults:
+        raise ValueError(
+            f"cuda_graphs=True needs an optimizer that supports capturable=True (Adam, AdamW, RMSprop, ...); "
+            f"policy optimizer_class is {type(optimizer).__name__}"
+        )

@@ -11,7 +11,13 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_scale.checks import check_batching, check_kl_penalty, check_rollout_size, resolve_buffer_device
+from sb3_ppo_scale.checks import (
+    check_batching,
+    check_cuda_graphs,
+    check_kl_penalty,
+    check_rollout_size,
+    resolve_buffer_device,
+)
 from sb3_ppo_scale.kl import (
     ANALYTIC,
     KL_COEF_BOUNDS,
@@ -23,6 +29,7 @@ from sb3_ppo_scale.kl import (
 from sb3_ppo_scale.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
 from sb3_ppo_scale.rollout import DeviceRollout, RolloutStager
 from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader, uniform_order
+from sb3_ppo_scale.updates import CudaGraphUpdate, EagerUpdate, distribution_validation
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -49,10 +56,16 @@ class ScalablePPO(PPO):
     :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
     :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
         (default 1.5), >= 1.
+    :param cuda_graphs: replay every full-size minibatch update (gather, loss, backward, gradient clip, optimizer
+        step) from CUDA graphs captured once per ``train()`` call (default False). Same kernels, same data, a
+        fraction of the host cost: it pays when many small or medium minibatches leave the GPU waiting on Python.
+        Needs the policy on CUDA and a capturable optimizer (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.updates`.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).
     """
+
+    cuda_graphs: bool = False  # class default: models saved before the argument existed load with it off
 
     def __init__(
         self,
@@ -66,6 +79,7 @@ class ScalablePPO(PPO):
         kl_penalty_target: float | None = 0.01,
         kl_adapt_factor: float = 2.0,
         kl_adapt_tolerance: float = 1.5,
+        cuda_graphs: bool = False,
         **kwargs: Any,
     ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
@@ -78,6 +92,7 @@ class ScalablePPO(PPO):
         self.kl_penalty_target = kl_penalty_target
         self.kl_adapt_factor = kl_adapt_factor
         self.kl_adapt_tolerance = kl_adapt_tolerance
+        self.cuda_graphs = cuda_graphs
         self._check_kl_penalty()
         self._kl_beta = float(kl_coef)  # the current (adapted) beta
         self._n_grad_steps = 0
@@ -85,6 +100,8 @@ class ScalablePPO(PPO):
         super().__init__(policy, env, *args, **kwargs)
         if self.env is not None:
             check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
+        if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning instead
+            self._check_cuda_graphs()
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
@@ -99,6 +116,7 @@ class ScalablePPO(PPO):
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
         # checked here, not at load: a model may be loaded with fewer envs for evaluation
         check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
+        self._check_cuda_graphs()
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,
@@ -123,6 +141,10 @@ class ScalablePPO(PPO):
             KL_COEF_BOUNDS,
         )
 
+    def _check_cuda_graphs(self) -> None:
+        # at construction and before learning, not at load: a model trained on a GPU may be loaded on a CPU
+        check_cuda_graphs(self.cuda_graphs, self.device, self._buffer_device, self.policy.optimizer)
+
     @property
     def kl_beta(self) -> float:
         """The current KL-penalty coefficient (beta), adapted after each ``train()``; saved with the model."""
@@ -137,17 +159,22 @@ class ScalablePPO(PPO):
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         settings = self._loss_settings()
-        rollout = self._stage_rollout()
-        if settings.penalises_kl and settings.kl_estimator == ANALYTIC:
-            rollout.old_dist = rollout_distribution_params(self.policy, rollout, self._micro_batch_size)
-        loader = self._make_loader(rollout)
-        stats = TrainStats()
-        for epoch in range(self.n_epochs):
-            stopped = self._train_epoch(loader, settings, stats, epoch)
-            self._n_updates += 1
-            if stopped:
-                break
-        measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
+        with distribution_validation(False):
+            rollout = self._stage_rollout()
+            if settings.penalises_kl and settings.kl_estimator == ANALYTIC:
+                rollout.old_dist = rollout_distribution_params(self.policy, rollout, self._micro_batch_size)
+            loader = self._make_loader(rollout)
+            stats = TrainStats()
+            update = self._make_update(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
+            try:
+                for epoch in range(self.n_epochs):
+                    stopped = self._train_epoch(loader, update, stats, epoch)
+                    self._n_updates += 1
+                    if stopped:
+                        break
+            finally:
+                update.close()
+            measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
         summary = self._record(stats, settings, measured_kl)
         if measured_kl is not None:
             self._adapt_kl_beta(summary["kl"], settings)
@@ -186,17 +213,30 @@ class ScalablePPO(PPO):
         order = getattr(self.rollout_buffer, "epoch_order", uniform_order)  # a buffer may supply each epoch's order
         return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device, order=order)
 
-    def _train_epoch(self, loader: MinibatchLoader, settings: LossSettings, stats: TrainStats, epoch: int) -> bool:
+    def _make_update(self, settings: LossSettings, n_full_batches: int) -> EagerUpdate:
+        def gradients(batch: LogicalBatch) -> th.Tensor:
+            return self._accumulate_gradients(batch, settings)
+
+        if not self.cuda_graphs:
+            return EagerUpdate(gradients, self._apply_gradients, self._kl_exceeds_target)
+        return CudaGraphUpdate(
+            gradients, self._apply_gradients, self._kl_exceeds_target, self.policy.optimizer, self.batch_size, n_full_batches
+        )
+
+    def _train_epoch(self, loader: MinibatchLoader, update: EagerUpdate, stats: TrainStats, epoch: int) -> bool:
         """One pass over the rollout; returns True when ``target_kl`` stopped training."""
         for batch in loader:
-            batch_stats = self._accumulate_gradients(batch, settings)
+            batch_stats, stepped = update(batch)
             stats.add(batch_stats, epoch)
-            if self._kl_exceeds_target(batch_stats):
+            if not stepped:
                 return True
-            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-            self.policy.optimizer.step()
             self._n_grad_steps += 1
         return False
+
+    def _apply_gradients(self) -> None:
+        """One gradient clip (SB3's ``max_grad_norm``) and one optimizer step."""
+        th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.policy.optimizer.step()
 
     def _accumulate_gradients(self, batch: LogicalBatch, settings: LossSettings) -> th.Tensor:
         """Backward every micro-batch of ``batch``; returns the logical minibatch's stats vector."""

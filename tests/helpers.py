@@ -37,17 +37,26 @@ def train_pair(
     total_timesteps: int,
     policy: str = "MlpPolicy",
     scalable_kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
+    baseline_kwargs: dict[str, Any] | None = None,
+    baseline_cls: type[PPO] = PPO,
     **common: Any,
 ) -> tuple[PPO, ScalablePPO]:
-    """Train PPO and ScalablePPO with identical seeds/hyperparameters; returns both, each with a RecordingLogger."""
-    models = []
-    for cls, extra in ((PPO, {}), (ScalablePPO, scalable_kwargs or {})):
-        env = make_env if isinstance(make_env, str) else make_env()
-        model = cls(policy, env, seed=0, device="cpu", **common, **extra)
-        model.set_logger(RecordingLogger())
-        model.learn(total_timesteps)
-        models.append(model)
-    return models[0], models[1]
+    """Train a baseline (default: PPO) and ScalablePPO with identical seeds/hyperparameters, one after the other;
+    returns both, each with a RecordingLogger."""
+    baseline = train_one(baseline_cls, make_env, total_timesteps, policy, device, **common, **(baseline_kwargs or {}))
+    scalable = train_one(ScalablePPO, make_env, total_timesteps, policy, device, **common, **(scalable_kwargs or {}))
+    return baseline, scalable  # type: ignore[return-value]
+
+
+def train_one(
+    cls: type[PPO], make_env: Callable[[], Any] | str, total_timesteps: int, policy: str, device: str, **kwargs: Any
+) -> PPO:
+    env = make_env if isinstance(make_env, str) else make_env()
+    model = cls(policy, env, seed=0, device=device, **kwargs)
+    model.set_logger(RecordingLogger())
+    model.learn(total_timesteps)
+    return model
 
 
 def unused_logger() -> Logger:

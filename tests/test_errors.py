@@ -26,6 +26,8 @@ def build(**kwargs):
         (dict(batch_size=128), r"batch_size must be between 1 and n_steps \* n_envs = 64 \* 1 = 64"),
         (dict(buffer_device="gpu0"), r"buffer_device must be"),
         (dict(buffer_device="tpu"), r"buffer_device must be"),
+        (dict(cuda_graphs="yes"), r"cuda_graphs must be True or False, got 'yes'"),
+        (dict(cuda_graphs=True), r"cuda_graphs=True needs the policy on a CUDA device \(device='cuda'\), but it is on cpu"),
     ],
 )
 def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
@@ -49,3 +51,15 @@ def test_whole_rollout_batch_is_first_class() -> None:
     model = build(batch_size=64, grad_accum_steps=8, n_epochs=3)
     model.learn(128)
     assert model._n_grad_steps == 2 * 3
+
+
+def test_cuda_graphs_checked_before_learning_not_at_load(tmp_path) -> None:
+    """A model saved with cuda_graphs=True loads anywhere (for evaluation); learning on the CPU names the argument."""
+    model = build()
+    model.cuda_graphs = True  # as if trained on a GPU with cuda_graphs=True
+    model.save(tmp_path / "gpu_model")
+    loaded = ScalablePPO.load(tmp_path / "gpu_model", device="cpu")
+    assert loaded.cuda_graphs is True
+    loaded.set_env(build().get_env())
+    with pytest.raises(ValueError, match=r"cuda_graphs=True needs the policy on a CUDA device"):
+        loaded.learn(64)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in one call (sized for a ~15-minute device lease):
+#   1. tests/test_cuda.py: ScalablePPO == PPO on CUDA; cuda_graphs=True == eager (parameters, logged stats);
+#   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO.
+# Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
+#   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
+# Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
+set -uo pipefail
+OUT=${OUT:-benchmarks/results}
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.txt"
+timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-6}" tests/test_cuda.py 2>&1 \
+  | tee "$OUT/test_cuda.log" | tail -25
+timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
+  | grep -v USDT | tee "$OUT/train_phase_cuda.log"
+if [ ! -s "$OUT/train_phase_cuda.md" ]; then  # the graph variant failed: keep the eager figures at least
+  echo "train_phase with cuda_graphs failed; rerunning without it"
+  timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda --no-graphs --repeats "${REPEATS:-3}" \
+    --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/train_phase_cuda_nographs.log"
+fi

@@ -1,0 +1,94 @@
+"""On a CUDA device: ScalablePPO still learns what PPO learns, and ``cuda_graphs=True`` learns what eager
+updates learn (same kernels replayed; the optimizer's capturable mode rounds bias corrections on the device).
+
+Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
+
+from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
+from tests.helpers import max_param_diff, train_pair
+
+pytestmark = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
+
+TOL = 1e-5
+N_STEPS = 256
+COMMON = dict(n_steps=N_STEPS, batch_size=64, n_epochs=4)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("target_kl", [None, 0.003])
+def test_defaults_match_ppo_on_cuda(env_id: str, target_kl: float | None) -> None:
+    extra = {} if target_kl is None else dict(target_kl=target_kl, learning_rate=3e-3)
+    ppo, scalable = train_pair(env_id, 3 * N_STEPS, device="cuda", **COMMON, **extra)
+    assert scalable.rollout_buffer is not None and scalable._rollout_stager is not None
+    assert max_param_diff(ppo, scalable) <= TOL
+    assert scalable._n_updates == ppo._n_updates
+
+
+def _graphs_vs_eager(env, total: int, policy: str = "MlpPolicy", **kwargs) -> tuple[ScalablePPO, ScalablePPO]:
+    return train_pair(  # type: ignore[return-value]
+        env, total, policy=policy, device="cuda", baseline_cls=ScalablePPO,
+        scalable_kwargs=dict(cuda_graphs=True), **kwargs,
+    )
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("grad_accum_steps", [1, 3])
+@pytest.mark.parametrize("target_kl", [None, 0.003])
+def test_cuda_graphs_match_eager(env_id: str, grad_accum_steps: int, target_kl: float | None) -> None:
+    extra = {} if target_kl is None else dict(target_kl=target_kl, learning_rate=3e-3)
+    eager, graphed = _graphs_vs_eager(env_id, 3 * N_STEPS, grad_accum_steps=grad_accum_steps, **COMMON, **extra)
+    assert max_param_diff(eager, graphed) <= TOL
+    assert graphed._n_grad_steps == eager._n_grad_steps
+    for key in ("train/loss", "train/approx_kl", "train/clip_fraction", "train/value_loss"):
+        assert graphed.logger.seen[key] == pytest.approx(eager.logger.seen[key], rel=1e-4, abs=1e-6), key
+
+
+def test_cuda_graphs_short_last_batch_and_schedules() -> None:
+    """batch 100 leaves a short eager minibatch; linear schedules change lr and clip range every train()."""
+    kwargs = dict(n_steps=N_STEPS, batch_size=100, n_epochs=3, learning_rate=lambda f: 3e-4 * f, clip_range=lambda f: 0.1 + 0.1 * f)
+    eager, graphed = _graphs_vs_eager("Pendulum-v1", 3 * N_STEPS, **kwargs)
+    assert max_param_diff(eager, graphed) <= TOL
+
+
+@pytest.mark.parametrize("objective", ["kl_penalty", "clip_kl_penalty"])
+def test_cuda_graphs_kl_objectives(objective: str) -> None:
+    eager, graphed = _graphs_vs_eager("Pendulum-v1", 3 * N_STEPS, objective=objective, **COMMON)
+    assert max_param_diff(eager, graphed) <= TOL
+    assert graphed.kl_beta == eager.kl_beta
+
+
+def test_cuda_graphs_prioritized_buffer() -> None:
+    buffer = dict(rollout_buffer_class=PrioritizedRolloutBuffer, rollout_buffer_kwargs=dict(priority="abs_advantage"))
+    eager, graphed = _graphs_vs_eager("Pendulum-v1", 3 * N_STEPS, **COMMON, **buffer)
+    assert max_param_diff(eager, graphed) <= TOL
+
+
+def test_cuda_graphs_cnn_policy_uint8() -> None:
+    def make_env():
+        return FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+
+    eager, graphed = _graphs_vs_eager(make_env, 2 * 128, policy="CnnPolicy", n_steps=128, batch_size=32, n_epochs=2)
+    assert graphed._rollout_stager._device["observations"].dtype == th.uint8
+    assert max_param_diff(eager, graphed) <= TOL
+
+
+def test_cuda_graphs_leave_an_ordinary_optimizer(tmp_path) -> None:
+    """After train() the optimizer is non-capturable with CPU step counters: it saves, loads on the CPU and trains."""
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", device="cuda", cuda_graphs=True, seed=0, **COMMON)
+    model.learn(2 * N_STEPS)
+    optimizer = model.policy.optimizer
+    assert all(group["capturable"] is False for group in optimizer.param_groups)
+    assert all(state["step"].device.type == "cpu" for state in optimizer.state.values())
+    model.save(tmp_path / "model")
+    on_cpu = ScalablePPO.load(tmp_path / "model", env=make_vec_env("Pendulum-v1"), device="cpu", cuda_graphs=False)
+    on_cpu.learn(N_STEPS)
+    on_gpu = ScalablePPO.load(tmp_path / "model", env=make_vec_env("Pendulum-v1"), device="cuda")
+    assert on_gpu.cuda_graphs is True
+    on_gpu.learn(N_STEPS)
