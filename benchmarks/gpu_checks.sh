@@ -21,3 +21,8 @@ if [ ! -s "$OUT/train_phase_cuda.md" ]; then  # the graph variant failed: keep t
   timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda --no-graphs --repeats "${REPEATS:-3}" \
     --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/train_phase_cuda_nographs.log"
 fi
+if [ -n "${PROFILE:-}" ]; then  # host-time breakdown of train() (cProfile), for finding what is left to remove
+  timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape halfcheetah --batch 65536 > "$OUT/profile_halfcheetah_65536.txt" 2>&1
+  timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape atari --batch 4096 > "$OUT/profile_atari_4096.txt" 2>&1
+  tail -3 "$OUT"/profile_*.txt
+fi

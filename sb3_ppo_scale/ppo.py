@@ -220,7 +220,13 @@ class ScalablePPO(PPO):
         if not self.cuda_graphs:
             return EagerUpdate(gradients, self._apply_gradients, self._kl_exceeds_target)
         return CudaGraphUpdate(
-            gradients, self._apply_gradients, self._kl_exceeds_target, self.policy.optimizer, self.batch_size, n_full_batches
+            gradients,
+            self._apply_gradients,
+            self._kl_exceeds_target,
+            self.policy.optimizer,
+            self.batch_size,
+            n_full_batches,
+            policy=self.policy,
         )
 
     def _train_epoch(self, loader: MinibatchLoader, update: EagerUpdate, stats: TrainStats, epoch: int) -> bool:

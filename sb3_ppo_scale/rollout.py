@@ -87,13 +87,33 @@ def rollout_arrays(buffer: RolloutBuffer) -> dict[str, np.ndarray | dict[str, np
     }
 
 
+#: DeviceRollout field -> the RolloutBuffer attribute it comes from
+_BUFFER_FIELDS = {
+    "observations": "observations",
+    "actions": "actions",
+    "old_values": "values",
+    "old_log_prob": "log_probs",
+    "advantages": "advantages",
+    "returns": "returns",
+}
+
+
+def _env_major(buffer: RolloutBuffer, array: np.ndarray) -> th.Tensor:
+    """A zero-copy torch view of a buffer field in SB3's env-major sample order: shape (n_envs, n_steps, ...)
+    while the buffer holds (n_steps, n_envs, ...), or the array itself once ``get()`` has flattened it."""
+    tensor = th.from_numpy(array)
+    return tensor if buffer.generator_ready else tensor.transpose(0, 1)
+
+
 class RolloutStager:
     """Moves a rollout buffer's contents to ``device`` once per rollout.
 
-    On the CPU the tensors share memory with the flattened NumPy arrays (no copy). On a GPU the storage is
-    allocated on the first call and reused afterwards: each rollout is copied into a pinned host tensor and
-    sent with one non-blocking copy per field. Nothing is allocated until :meth:`stage` is first called, so a
-    model loaded for inference holds no device rollout.
+    On the CPU the tensors share memory with the flattened NumPy arrays (no copy beyond SB3's own flatten). On a
+    GPU the buffer is not flattened in NumPy at all; the device storage is
+    allocated on the first call and reused afterwards: each field is copied, in one multi-threaded strided pass
+    that also reorders it to SB3's env-major sample order, into a pinned host tensor and sent with one
+    non-blocking copy. Nothing is allocated until :meth:`stage` is first called, so a model loaded for inference
+    holds no device rollout.
 
     :param device: where the rollout lives during the update.
     """
@@ -104,26 +124,36 @@ class RolloutStager:
         self._device: dict[str, th.Tensor] = {}
 
     def stage(self, buffer: RolloutBuffer) -> DeviceRollout:
-        arrays = rollout_arrays(buffer)
-        moved = {name: self._move(name, value) for name, value in arrays.items()}
+        if self.device.type == "cpu":
+            moved = {name: _as_tensors(value) for name, value in rollout_arrays(buffer).items()}
+        else:
+            moved = {name: self._stage_field(buffer, name) for name in _BUFFER_FIELDS}
         return DeviceRollout(**moved)  # type: ignore[arg-type]
 
-    def _move(self, name: str, value: np.ndarray | dict[str, np.ndarray]) -> Observations:
+    def _stage_field(self, buffer: RolloutBuffer, name: str) -> Observations:
+        value = getattr(buffer, _BUFFER_FIELDS[name])
+        flat = buffer.generator_ready
         if isinstance(value, dict):
-            return {key: self._move(f"{name}.{key}", array) for key, array in value.items()}
-        source = th.from_numpy(np.ascontiguousarray(value))
-        if self.device.type == "cpu":
-            return source
-        return self._to_device(name, source)
+            return {key: self._to_device(f"{name}.{key}", _env_major(buffer, array), flat) for key, array in value.items()}
+        dtype = th.float32 if name == "actions" else None  # SB3 hands actions to the policy as float32
+        tensor = self._to_device(name, _env_major(buffer, value), flat, dtype)
+        return tensor if name in ("observations", "actions") else tensor.reshape(-1)
 
-    def _to_device(self, name: str, source: th.Tensor) -> th.Tensor:
-        target = self._device.get(name)
-        if target is None or target.shape != source.shape or target.dtype != source.dtype:
-            pin = self.device.type == "cuda"
-            self._host[name] = th.empty(source.shape, dtype=source.dtype, pin_memory=pin)
-            target = self._device[name] = th.empty(source.shape, dtype=source.dtype, device=self.device)
-        host = self._host[name]
-        host.copy_(source)
-        target.copy_(host, non_blocking=True)
+    def _to_device(self, name: str, source: th.Tensor, flat: bool, dtype: th.dtype | None = None) -> th.Tensor:
+        """``source`` (n_envs, n_steps, ...), or (N, ...) when ``flat`` -> a persistent device tensor (N, ...)."""
+        rows_shape = source.shape if flat else (source.shape[0] * source.shape[1], *source.shape[2:])
+        dtype = source.dtype if dtype is None else dtype
+        host = self._host.get(name)
+        if host is None or host.shape != source.shape or host.dtype != dtype:
+            host = self._host[name] = th.empty(source.shape, dtype=dtype, pin_memory=self.device.type == "cuda")
+            self._device[name] = th.empty(rows_shape, dtype=dtype, device=self.device)
+        host.copy_(source)  # one strided, multi-threaded pass: env-major order, straight into pinned memory
+        target = self._device[name]
+        target.copy_(host.view(rows_shape), non_blocking=True)
         return target
 
+
+def _as_tensors(value: np.ndarray | dict[str, np.ndarray]) -> Observations:
+    if isinstance(value, dict):
+        return {key: th.from_numpy(np.ascontiguousarray(array)) for key, array in value.items()}
+    return th.from_numpy(np.ascontiguousarray(value))

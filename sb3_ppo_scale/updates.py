@@ -17,6 +17,7 @@ optimizer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+import warnings
 from contextlib import contextmanager
 
 import torch as th
@@ -75,6 +76,8 @@ class CudaGraphUpdate(EagerUpdate):
     :param batch_size: the logical minibatch size the graphs are captured for.
     :param full_batches: how many full-size minibatches this ``train()`` call will run at most; no graph is
         captured unless at least ``min_replays`` of them are left after the warm-up (default 2).
+    :param policy: the SB3 policy, whose action distribution keeps the last forward's autograd graph alive
+        (released before the warm-up and before the capture).
     """
 
     def __init__(
@@ -85,10 +88,12 @@ class CudaGraphUpdate(EagerUpdate):
         optimizer: th.optim.Optimizer,
         batch_size: int,
         full_batches: int,
+        policy: th.nn.Module | None = None,
         min_replays: int = 2,
     ) -> None:
         super().__init__(gradients, apply, should_stop)
         self._optimizer = optimizer
+        self._policy = policy
         self._batch_size = batch_size
         self._worth_capturing = full_batches - 1 >= min_replays
         self._side_stream = th.cuda.Stream()
@@ -114,13 +119,24 @@ class CudaGraphUpdate(EagerUpdate):
 
     def _warm_up_and_capture(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         """A real eager update on a side stream (PyTorch's required warm-up), then the capture of both graphs."""
+        self._release_autograd_graph()
         self._side_stream.wait_stream(th.cuda.current_stream())
-        with th.cuda.stream(self._side_stream):
+        with th.cuda.stream(self._side_stream), warnings.catch_warnings():
+            # a parameter's gradient accumulator created by an earlier eager step on the default stream may still
+            # be alive; autograd then syncs the two streams once and warns: expected here, harmless
+            warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
             stats, stepped = super().__call__(batch)
         th.cuda.current_stream().wait_stream(self._side_stream)
         if stepped:
+            self._release_autograd_graph()
             self._capture(batch)
         return stats, stepped
+
+    def _release_autograd_graph(self) -> None:
+        """Drop the last forward's autograd graph that SB3's action distribution keeps (``distribution``), so the
+        parameters' gradient accumulators are recreated on the stream that uses them next."""
+        if self._policy is not None and hasattr(self._policy.action_dist, "distribution"):
+            self._policy.action_dist.distribution = None
 
     def _capture(self, like: LogicalBatch) -> None:
         static_indices = th.empty_like(like.indices)

@@ -72,7 +72,9 @@ def test_cuda_graphs_prioritized_buffer() -> None:
 
 def test_cuda_graphs_cnn_policy_uint8() -> None:
     def make_env():
-        return FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+        env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+        env.observation_space.seed(0)  # FakeImageEnv samples frames from its space: seed it, or runs differ
+        return env
 
     eager, graphed = _graphs_vs_eager(make_env, 2 * 128, policy="CnnPolicy", n_steps=128, batch_size=32, n_epochs=2)
     assert graphed._rollout_stager._device["observations"].dtype == th.uint8
