@@ -2,12 +2,13 @@
 
 For each rollout shape (HalfCheetah-like: obs 17 float32, 6-d Box actions, MLP; Atari-like: 4x84x84 uint8,
 Discrete(6), CnnPolicy) and each batch size, both models train on identical data in this process, alternating
-PPO / ScalablePPO for ``--repeats`` rounds after one warm-up each, each timed call on a freshly filled rollout
-(as after collection: both flatten it once per rollout); samples/s is ``n_epochs * N / seconds``
+PPO / ScalablePPO for ``--repeats`` rounds after ``WARMUP_CALLS`` untimed calls each, each timed call on a freshly filled rollout
+(as after collection: each starts from an unflattened buffer); samples/s is ``n_epochs * N / seconds``
 and the ratio is ScalablePPO / PPO of the medians. On CUDA a third model, ScalablePPO(cuda_graphs=True), is
 timed in the same rotation. Then the peak memory of one train() call, not counting the
-rollout storage (CUDA: max_memory_allocated above what was allocated before the call; CPU: the torch
-profiler's memory timeline, peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
+rollout storage (CUDA: max_memory_allocated over two calls from a fresh model, above what was allocated
+before them, minus ScalablePPO's device rollout; CPU: the torch profiler's memory timeline of the second call,
+peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
 batch 4 096 without accumulation.
 
     python benchmarks/train_phase.py [--device cpu|cuda] [--repeats 3] [--out benchmarks/results]
@@ -25,9 +26,12 @@ import torch as th
 from stable_baselines3 import PPO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine_line, median, sync, synthetic_model, timed_train  # noqa: E402
+from benchmarks.common import machine_line, median, refill, sync, synthetic_model, timed_train  # noqa: E402
 from sb3_ppo_scale import ScalablePPO  # noqa: E402
 
+#: untimed train() calls per model first (steady state: ScalablePPO(cuda_graphs=True) captures its graph once
+#: nothing changes between calls, at the latest in the third call)
+WARMUP_CALLS = 3
 # shape -> (n_envs, n_steps, batch sizes, n_epochs)
 CONFIGS = {
     "halfcheetah": (16, 4096, [64, 256, 1024, 4096, 16384, 65536], 1),
@@ -52,8 +56,9 @@ def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True) 
             name: synthetic_model(cls, shape, n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs, **extra)
             for name, (cls, extra) in variants(device, graphs).items()
         }
-        for model in models.values():  # warm-up: allocator, kernels, ScalablePPO's staging buffers
-            model.train()
+        for model in models.values():  # warm-up: allocator, kernels, staging buffers, a graph captured once
+            for _ in range(WARMUP_CALLS):
+                timed_train(model, device)
         seconds: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(repeats):
             for name, model in models.items():
@@ -67,15 +72,22 @@ def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True) 
 
 
 def peak_train_memory(model: PPO, device: str) -> int:
-    """Bytes allocated at peak by one train() call above what was live before it (rollout storage excluded)."""
-    model.train()  # allocate the device rollout and optimizer state first
+    """Bytes allocated at peak by train() above what was live before it, rollout storage excluded.
+
+    CUDA: over two calls from a fresh model (so memory kept between calls, such as a cached CUDA graph's pool and
+    the optimizer state, counts), minus ScalablePPO's device copy of the rollout. CPU: the second call alone."""
     if device.startswith("cuda"):
         sync(device)
-        before = th.cuda.memory_allocated()
         th.cuda.reset_peak_memory_stats()
+        before = th.cuda.memory_allocated()
+        model.train()
+        refill(model)
         model.train()
         sync(device)
-        return th.cuda.max_memory_allocated() - before
+        stager = getattr(model, "_rollout_stager", None)
+        rollout_bytes = 0 if stager is None else sum(t.numel() * t.element_size() for t in stager._device.values())
+        return th.cuda.max_memory_allocated() - before - rollout_bytes
+    model.train()  # allocate optimizer state first
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfileTimeline
 
@@ -107,7 +119,7 @@ def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: lis
              f"Produced by `python benchmarks/train_phase.py --device {device} --repeats {repeats}` on "
              f"{datetime.date.today()}; {machine_line(device)}.", "",
              "Samples/s through `train()` on the same synthetic rollout, medians over "
-             f"{repeats} alternating repeats after a warm-up; ratio = that column / SB3 PPO.", ""]
+             f"{repeats} alternating repeats after {WARMUP_CALLS} untimed calls per model; ratio = that column / SB3 PPO.", ""]
     for shape, rows in tables.items():
         n_envs, n_steps, _, n_epochs = CONFIGS[shape]
         names = [name for name in rows[0]["rate"] if name != "PPO"]

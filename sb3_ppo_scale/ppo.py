@@ -29,7 +29,7 @@ from sb3_ppo_scale.kl import (
 from sb3_ppo_scale.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
 from sb3_ppo_scale.rollout import DeviceRollout, RolloutStager
 from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader, uniform_order
-from sb3_ppo_scale.updates import CudaGraphUpdate, EagerUpdate, distribution_validation
+from sb3_ppo_scale.updates import CudaGraphUpdate, EagerUpdate, GraphCache, distribution_validation
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -57,9 +57,11 @@ class ScalablePPO(PPO):
     :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
         (default 1.5), >= 1.
     :param cuda_graphs: replay every full-size minibatch update (gather, loss, backward, gradient clip, optimizer
-        step) from CUDA graphs captured once per ``train()`` call (default False). Same kernels, same data, a
-        fraction of the host cost: it pays when many small or medium minibatches leave the GPU waiting on Python.
-        Needs the policy on CUDA and a capturable optimizer (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.updates`.
+        step) from CUDA graphs (default False). Same kernels, same data, a fraction of the host cost: it pays when
+        the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
+        while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
+        and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.updates`.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).
@@ -110,6 +112,7 @@ class ScalablePPO(PPO):
         super()._setup_model()
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
+        self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
 
@@ -151,7 +154,7 @@ class ScalablePPO(PPO):
         return self._kl_beta
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device"]
+        return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device", "_graph_cache"]
 
     # ----------------------------------------------------------------------------------------------- update
     def train(self) -> None:
@@ -226,6 +229,8 @@ class ScalablePPO(PPO):
             self.policy.optimizer,
             self.batch_size,
             n_full_batches,
+            cache=self._graph_cache,
+            config=(settings, self.max_grad_norm, self.normalize_advantage),
             policy=self.policy,
         )
 
