@@ -79,7 +79,8 @@ class EagerUpdate:
 class GraphCache:
     """CUDA graphs of one update, kept by the model between ``train()`` calls (never saved with it).
 
-    Holding the graphs keeps their memory pool (activations and gradients of one logical minibatch) allocated.
+    Holding the graphs keeps their memory pool (activations and gradients of one logical minibatch) allocated,
+    besides the cuBLAS workspaces of the warm-up and capture streams.
     """
 
     key: tuple | None = None  #: what the graphs were captured for
@@ -89,6 +90,8 @@ class GraphCache:
     static_stats: th.Tensor | None = None
     #: id(parameter) -> the device tensor that holds its optimizer step counter during graph updates
     steps: dict[int, th.Tensor] = field(default_factory=dict)
+    #: the warm-up's stream, created once: cuBLAS keeps a workspace (32 MiB on Hopper) for every stream it has used
+    side_stream: th.cuda.Stream | None = None
 
 
 class CudaGraphUpdate(EagerUpdate):
@@ -176,7 +179,9 @@ class CudaGraphUpdate(EagerUpdate):
     def _warm_up_and_capture(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         """A real eager update on a side stream (PyTorch's required warm-up), then the capture of both graphs."""
         self._release_autograd_graph()
-        side_stream = th.cuda.Stream()
+        if self._cache.side_stream is None:
+            self._cache.side_stream = th.cuda.Stream()
+        side_stream = self._cache.side_stream
         side_stream.wait_stream(th.cuda.current_stream())
         with th.cuda.stream(side_stream), warnings.catch_warnings():
             # a parameter's gradient accumulator created by an earlier eager step on the default stream may still

@@ -72,10 +72,18 @@ def test_cuda_graphs_prioritized_buffer() -> None:
 
 
 def test_cuda_graphs_cnn_policy_uint8(monkeypatch) -> None:
-    """cuDNN's default convolution kernels are not run-to-run deterministic; with deterministic ones, graphed
-    training equals eager training (the eager-vs-eager control shows what nondeterminism is left)."""
+    """Graphed CNN training equals eager training with deterministic, full-float32 convolutions.
+
+    With PyTorch's default TF32 convolutions the H200 run of 2026-11-30 saw graphed parameters 8.1e-4 away from
+    eager ones after 16 steps, reproducibly, while eager-vs-eager was 0.0 (MLP policies match to 1e-5). The
+    working hypothesis, NOT yet confirmed on a GPU: cuDNN picks another engine under stream capture (runtime-
+    compiled engines cannot be built while capturing) and TF32 rounding differs between engines. In float32 an
+    engine change moves results at rounding level only, so this test should pass; if it fails, the difference is
+    something else and cuda_graphs with CNN policies needs a closer look.
+    """
     monkeypatch.setattr(th.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(th.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(th.backends.cudnn, "allow_tf32", False)
 
     def make_env():
         env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
