@@ -144,7 +144,8 @@ class CudaGraphUpdate(EagerUpdate):
         return self._replay(batch)
 
     def key(self, batch: LogicalBatch) -> tuple:
-        """What the graphs bake in: config, learning rates, minibatch shape, and the storage they read/write."""
+        """What the graphs bake in: config, optimizer hyperparameters (lr, betas, eps, ...), minibatch shape, and
+        the storage they read and write."""
         rollout = batch.rollout
         observations = rollout.observations
         obs = list(observations.values()) if isinstance(observations, dict) else [observations]
@@ -156,7 +157,7 @@ class CudaGraphUpdate(EagerUpdate):
         return (
             self._config,
             id(self._optimizer),
-            tuple(group["lr"] for group in self._optimizer.param_groups),
+            tuple(_group_hyperparameters(group) for group in self._optimizer.param_groups),
             len(batch),
             batch.n_micro,
             tuple(None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype) for t in data),
@@ -223,6 +224,11 @@ class CudaGraphUpdate(EagerUpdate):
     def close(self) -> None:
         """Give the optimizer back its ordinary (non-capturable) form; the graphs stay in the cache."""
         _restore_non_capturable(self._optimizer, self._previous_capturable)
+
+
+def _group_hyperparameters(group: dict[str, Any]) -> tuple:
+    """A param group's settings as a comparable tuple (lr, betas, eps, weight_decay, ...; not the parameters)."""
+    return tuple(sorted((name, repr(value)) for name, value in group.items() if name != "params"))
 
 
 def _make_capturable(optimizer: th.optim.Optimizer, steps: dict[int, th.Tensor]) -> list[bool]:

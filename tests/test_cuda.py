@@ -6,6 +6,8 @@ Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/tes
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -106,8 +108,8 @@ def test_cuda_graphs_reused_across_calls_and_recaptured_when_state_changes() -> 
     for graphs in (False, True):
         model = ScalablePPO("MlpPolicy", "Pendulum-v1", device="cuda", seed=0, cuda_graphs=graphs, **kwargs)
         model.learn(5 * N_STEPS)
-        saved = model.policy.optimizer.state_dict()
-        model.policy.optimizer.load_state_dict(saved)  # new state tensors: cached graphs must not be replayed
+        saved = copy.deepcopy(model.policy.optimizer.state_dict())
+        model.policy.optimizer.load_state_dict(saved)  # new state storage: the cached graphs must not be replayed
         model.learn(3 * N_STEPS, reset_num_timesteps=False)
         models.append(model)
     eager, graphed = models

@@ -3,6 +3,8 @@ round trip (the CUDA-graph path itself is covered by tests/test_cuda.py on a GPU
 
 from __future__ import annotations
 
+import copy
+
 import torch as th
 from torch.distributions import Distribution
 
@@ -84,3 +86,33 @@ def test_adopt_step_counters_records_device_counters() -> None:
     persistent: dict[int, th.Tensor] = {}
     _adopt_step_counters(optimizer, persistent)  # CPU parameters: their counters live on the same device
     assert set(persistent) == {id(p) for p in optimizer.param_groups[0]["params"]}
+
+
+def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
+    """The cache key (pure Python, checked here on the CPU) must change with the lr, the loss settings and the
+    optimizer state's storage, and stay equal when nothing changed."""
+    from sb3_ppo_scale.updates import CudaGraphUpdate, GraphCache
+
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32, n_epochs=1, device="cpu", seed=0)
+    model.learn(64)
+    batch = next(iter(model._make_loader(model._stage_rollout())))
+    optimizer = model.policy.optimizer
+
+    def key(config: tuple = ("settings", 0.5)) -> tuple:
+        update = CudaGraphUpdate(lambda b: th.zeros(1), lambda: None, lambda s: False, optimizer, 32, 2,
+                                 GraphCache(), config)
+        value = update.key(batch)
+        update.close()
+        return value
+
+    first = key()
+    assert key() == first
+    assert key(("settings", 0.7)) != first
+    optimizer.param_groups[0]["lr"] = 1e-3
+    changed_lr = key()
+    assert changed_lr != first
+    optimizer.load_state_dict(optimizer.state_dict())  # the same tensors: the graphs stay valid
+    assert key() == changed_lr
+    optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # same values, new storage: recapture
+    assert key() != changed_lr
+    assert optimizer.param_groups[0]["capturable"] is False  # close() gave the optimizer back
