@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one call (sized for a ~15-minute device lease):
 #   1. tests/test_cuda.py: ScalablePPO == PPO on CUDA; cuda_graphs=True == eager (parameters, logged stats);
-#   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO.
+#   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
+#   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
+#      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
+#   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/profile_train.py).
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
 # Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
@@ -24,5 +27,9 @@ fi
 if [ -n "${PROFILE:-}" ]; then  # host-time breakdown of train() (cProfile), for finding what is left to remove
   timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape halfcheetah --batch 65536 > "$OUT/profile_halfcheetah_65536.txt" 2>&1
   timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape atari --batch 4096 > "$OUT/profile_atari_4096.txt" 2>&1
-  tail -3 "$OUT"/profile_*.txt
+  for f in "$OUT"/profile_*.txt; do tail -n 3 "$f"; done
+fi
+if [ -n "${CPU_BENCH:-}" ]; then
+  timeout "${CPU_BENCH_TIMEOUT:-240}" "$PY" benchmarks/train_phase.py --device cpu --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
+    | grep -v USDT | tee "$OUT/train_phase_cpu.log"
 fi
