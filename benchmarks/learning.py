@@ -38,6 +38,7 @@ ALGOS = {
     "sb3_ppo": (None, "stable_baselines3.PPO"),
     "scalable_ppo": ("cpu", "sb3_ppo_scale.ScalablePPO"),
     "scalable_ppo_linear": ("cpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
+    "scalable_ppo_zoo_batch": ("cpu_zoo_batch", "sb3_ppo_scale.ScalablePPO"),  # zoo batch, 4 envs (HalfCheetah only)
 }
 DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo"]
 
