@@ -207,7 +207,7 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for task in sorted({r["task"] for r in results}):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for algo, color in zip(ALGOS, ("tab:blue", "tab:orange", "tab:green")):
+        for algo, color in zip(ALGOS, plt.rcParams["axes.prop_cycle"].by_key()["color"]):  # one color per algo
             runs = [r for r in results if r["task"] == task and r["algo"] == algo]
             if not runs:
                 continue
