@@ -250,3 +250,17 @@ def test_search_mode_uses_tpe_reports_intermediate_values(tmp_path: Path) -> Non
         curve = trial.user_attrs["eval_returns"][0]
         assert trial.value == pytest.approx(sum(curve) / len(curve))
         assert trial.intermediate_values[256] == pytest.approx(trial.value)
+
+
+def test_studies_on_the_same_env_get_distinct_labels() -> None:
+    """Two studies of one env (e.g. two base configs) must not share a column, a bar or a slice-plot file."""
+    from dataclasses import replace
+
+    from sb3_ppo_scale.tuning.report import StudyResult, unique_labels
+
+    base = StudyResult(name="a:HalfCheetah-v5", label="HalfCheetah-v5", objective="auc", n_trials=0, params=[],
+                       arguments={}, importance={}, stars={}, stability={}, split_half={}, top={}, best_value=0.0,
+                       trials=[], budget={})
+    results = [base, replace(base, name="b:HalfCheetah-v5"), replace(base, name="c:Hopper-v5", label="Hopper-v5")]
+    labels = [r.label for r in unique_labels(results)]
+    assert labels == ["HalfCheetah-v5 [a]", "HalfCheetah-v5 [b]", "Hopper-v5"]

@@ -24,7 +24,8 @@ def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]]
     params = list(labels)
     groups = [(study, ev) for study in results for ev in results[study]]
     height = 0.8 / max(1, len(groups))
-    fig, ax = plt.subplots(figsize=(7.5, 1.0 + 0.9 * len(params)))
+    legend_rows = -(-len(groups) // 2)
+    fig, ax = plt.subplots(figsize=(9.0, 1.6 + 0.9 * len(params) + 0.2 * legend_rows))
     for index, (study, ev) in enumerate(groups):
         values = [results[study][ev].get(p, 0.0) for p in params]
         positions = np.arange(len(params)) + index * height
@@ -39,9 +40,9 @@ def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]]
     ax.invert_yaxis()
     ax.set_xlabel("normalised importance (sums to 1 per study and evaluator; whiskers: bootstrap 5-95%)")
     ax.set_title("PPO hyperparameter importance")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1 - 0.3 / len(params)), ncol=2)  # below the axes
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata=PNG_METADATA)
+    fig.savefig(path, dpi=110, metadata=PNG_METADATA, bbox_inches="tight")
     plt.close(fig)
 
 

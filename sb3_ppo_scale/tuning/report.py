@@ -1,13 +1,15 @@
 """``report``: importance of every searched parameter per study, beside the documented table, as markdown and PNG.
 
 Writes ``report.md`` (side-by-side table, per-study details with bootstrap stability), ``importance.json``,
-``importance.png`` and ``slices_<env>.png`` into the output folder. A fixed study gives byte-identical files.
+``importance.png`` and ``slices_<label>.png`` (label: the env id, plus the study name where two studies share an env)
+into the output folder. A fixed study gives byte-identical files.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +56,17 @@ def report_command(source: str, out: str | Path, storage: str | None = None, stu
         raise ValueError(f"bootstrap must be an int >= 0, got {n_bootstrap!r}")
     url, names = _resolve_source(source, storage, studies)
     backend = open_storage(url)
-    results = [analyse(optuna.load_study(study_name=name, storage=backend), n_bootstrap) for name in names]
+    results = unique_labels([analyse(optuna.load_study(study_name=name, storage=backend), n_bootstrap) for name in names])
     write_report(Path(out), results, n_bootstrap)
     print(f"report for {len(results)} stud{'y' if len(results) == 1 else 'ies'} written to {out}/report.md")
     return 0
+
+
+def unique_labels(results: list[StudyResult]) -> list[StudyResult]:
+    """Label each study by its env id, adding the study's name where two studies share an env (their columns, bars
+    and slice plots must not collide)."""
+    counts = Counter(r.label for r in results)
+    return [r if counts[r.label] == 1 else replace(r, label=f"{r.label} [{r.name.split(':')[0]}]") for r in results]
 
 
 def _resolve_source(source: str, storage: str | None, studies: list[str] | None) -> tuple[str, list[str]]:
