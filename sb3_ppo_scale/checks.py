@@ -93,14 +93,15 @@ def check_kl_penalty(
 
 
 def check_cuda_graphs(cuda_graphs: object, policy_device: th.device, buffer_device: th.device, optimizer: object) -> None:
-    """``cuda_graphs=True`` needs the policy and the rollout on one CUDA device and a capturable optimizer."""
+    """``cuda_graphs=True`` needs the policy and the rollout on one CUDA device ("cuda" and "cuda:0" are one) and a
+    capturable optimizer."""
     if not isinstance(cuda_graphs, bool):
         raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     if not cuda_graphs:
         return
     if policy_device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs the policy on a CUDA device (device='cuda'), but it is on {policy_device}")
-    if buffer_device != policy_device:
+    if buffer_device.type != policy_device.type or (buffer_device.index or 0) != (policy_device.index or 0):
         raise ValueError(
             f"cuda_graphs=True needs buffer_device to be the policy's device ({policy_device}) or 'auto', got {buffer_device}"
         )

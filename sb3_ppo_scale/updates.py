@@ -231,6 +231,15 @@ def _group_hyperparameters(group: dict[str, Any]) -> tuple:
     return tuple(sorted((name, repr(value)) for name, value in group.items() if name != "params"))
 
 
+def _step_counters(optimizer: th.optim.Optimizer, groups: list[dict[str, Any]] | None = None):
+    """``(param, step)`` for every parameter (of ``groups``, default all) whose state has a tensor step counter."""
+    for group in optimizer.param_groups if groups is None else groups:
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, th.Tensor):
+                yield param, step
+
+
 def _make_capturable(optimizer: th.optim.Optimizer, steps: dict[int, th.Tensor]) -> list[bool]:
     """Switch ``optimizer`` to capturable mode: each step counter's value moves into its persistent device
     tensor in ``steps`` (the storage captured graphs increment).
@@ -242,26 +251,21 @@ def _make_capturable(optimizer: th.optim.Optimizer, steps: dict[int, th.Tensor])
     optimizer._warned_capturable_if_run_uncaptured = True  # type: ignore[attr-defined]
     for group in optimizer.param_groups:
         group["capturable"] = True
-        for param in group["params"]:
-            step = optimizer.state.get(param, {}).get("step")
-            if not isinstance(step, th.Tensor):
-                continue
-            persistent = steps.get(id(param))
-            if persistent is None or persistent.device != param.device:
-                persistent = steps[id(param)] = th.zeros((), dtype=th.float32, device=param.device)
-            if step is not persistent:
-                persistent.copy_(step)
-            optimizer.state[param]["step"] = persistent
+    for param, step in _step_counters(optimizer):
+        persistent = steps.get(id(param))
+        if persistent is None or persistent.device != param.device:
+            persistent = steps[id(param)] = th.zeros((), dtype=th.float32, device=param.device)
+        if step is not persistent:
+            persistent.copy_(step)
+        optimizer.state[param]["step"] = persistent
     return previous
 
 
 def _adopt_step_counters(optimizer: th.optim.Optimizer, steps: dict[int, th.Tensor]) -> None:
     """Record step counters created on the device (by a first, capturable step) as the persistent ones."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            step = optimizer.state.get(param, {}).get("step")
-            if isinstance(step, th.Tensor) and step.device == param.device:
-                steps[id(param)] = step
+    for param, step in _step_counters(optimizer):
+        if step.device == param.device:
+            steps[id(param)] = step
 
 
 def _restore_non_capturable(optimizer: th.optim.Optimizer, previous: list[bool]) -> None:
@@ -269,9 +273,7 @@ def _restore_non_capturable(optimizer: th.optim.Optimizer, previous: list[bool])
     PyTorch keeps them for a non-capturable, non-fused optimizer."""
     for group, capturable in zip(optimizer.param_groups, previous):
         group["capturable"] = capturable
-        if capturable or group.get("fused"):
-            continue
-        for param in group["params"]:
-            step = optimizer.state.get(param, {}).get("step")
-            if isinstance(step, th.Tensor) and step.device.type != "cpu":
-                optimizer.state[param]["step"] = step.detach().to("cpu")
+    plain = [g for g, capturable in zip(optimizer.param_groups, previous) if not capturable and not g.get("fused")]
+    for param, step in _step_counters(optimizer, plain):
+        if step.device.type != "cpu":
+            optimizer.state[param]["step"] = step.detach().to("cpu")

@@ -63,3 +63,15 @@ def test_cuda_graphs_checked_before_learning_not_at_load(tmp_path) -> None:
     loaded.set_env(build().get_env())
     with pytest.raises(ValueError, match=r"cuda_graphs=True needs the policy on a CUDA device"):
         loaded.learn(64)
+
+
+def test_cuda_graphs_device_check_treats_cuda_and_cuda0_as_one() -> None:
+    """Pure device comparison (no GPU needed): the rollout on "cuda:0" and the policy on "cuda" is one device."""
+    from sb3_ppo_scale.checks import check_cuda_graphs
+
+    optimizer = th.optim.Adam([th.nn.Parameter(th.zeros(1))])
+    check_cuda_graphs(True, th.device("cuda"), th.device("cuda:0"), optimizer)
+    with pytest.raises(ValueError, match=r"cuda_graphs=True needs buffer_device to be the policy's device"):
+        check_cuda_graphs(True, th.device("cuda"), th.device("cuda:1"), optimizer)
+    with pytest.raises(ValueError, match=r"capturable=True"):
+        check_cuda_graphs(True, th.device("cuda"), th.device("cuda"), th.optim.SGD([th.nn.Parameter(th.zeros(1))], lr=0.1))
