@@ -74,4 +74,5 @@ def test_cuda_graphs_device_check_treats_cuda_and_cuda0_as_one() -> None:
     with pytest.raises(ValueError, match=r"cuda_graphs=True needs buffer_device to be the policy's device"):
         check_cuda_graphs(True, th.device("cuda"), th.device("cuda:1"), optimizer)
     with pytest.raises(ValueError, match=r"capturable=True"):
-        check_cuda_graphs(True, th.device("cuda"), th.device("cuda"), th.optim.SGD([th.nn.Parameter(th.zeros(1))], lr=0.1))
+        sgd = th.optim.SGD([th.nn.Parameter(th.zeros(1))], lr=0.1)
+        check_cuda_graphs(True, th.device("cuda"), th.device("cuda"), sgd)
