@@ -4,8 +4,8 @@ For each rollout shape (HalfCheetah-like: obs 17 float32, 6-d Box actions, MLP; 
 Discrete(6), CnnPolicy) and each batch size, both models train on identical data in this process, alternating
 PPO / ScalablePPO for ``--repeats`` rounds after ``WARMUP_CALLS`` untimed calls each, each timed call on a freshly filled rollout
 (as after collection: each starts from an unflattened buffer); samples/s is ``n_epochs * N / seconds``
-and the ratio is ScalablePPO / PPO of the medians. On CUDA a third model, ScalablePPO(cuda_graphs=True), is
-timed in the same rotation. Then the peak memory of one train() call, not counting the
+and the ratio is ScalablePPO / PPO of the medians. On CUDA ScalablePPO(cuda_graphs=True), and on the CPU
+ScalablePPO(compile_loss=True), are timed in the same rotation (the compile happens in the untimed warm-up). Then the peak memory of one train() call, not counting the
 rollout storage (CUDA: max_memory_allocated over two calls from a fresh model, above what was allocated
 before them, minus ScalablePPO's device rollout; CPU: the torch profiler's memory timeline of the second call,
 peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
@@ -39,22 +39,25 @@ CONFIGS = {
 }
 
 
-def variants(device: str, graphs: bool = True) -> dict[str, tuple[type[PPO], dict]]:
-    """What is timed: SB3 PPO, ScalablePPO as constructed by default, and on CUDA ScalablePPO(cuda_graphs=True)."""
+def variants(device: str, graphs: bool = True, compiled: bool | None = None) -> dict[str, tuple[type[PPO], dict]]:
+    """What is timed: SB3 PPO, ScalablePPO as constructed by default, on CUDA ScalablePPO(cuda_graphs=True)
+    (``graphs``), and ScalablePPO(compile_loss=True) (``compiled``; None: on the CPU only)."""
     timed = {"PPO": (PPO, {}), "ScalablePPO": (ScalablePPO, {})}
     if device.startswith("cuda") and graphs:
         timed["ScalablePPO cuda_graphs"] = (ScalablePPO, {"cuda_graphs": True})
+    if compiled or (compiled is None and device == "cpu"):
+        timed["ScalablePPO compile_loss"] = (ScalablePPO, {"compile_loss": True})
     return timed
 
 
-def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True) -> list[dict]:
+def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True, compiled: bool | None = None) -> list[dict]:
     n_envs, n_steps, batches, n_epochs = CONFIGS[shape]
     n_samples = n_envs * n_steps
     rows = []
     for batch in batches:
         models = {
             name: synthetic_model(cls, shape, n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs, **extra)
-            for name, (cls, extra) in variants(device, graphs).items()
+            for name, (cls, extra) in variants(device, graphs, compiled).items()
         }
         for model in models.values():  # warm-up: allocator, kernels, staging buffers, a graph captured once
             for _ in range(WARMUP_CALLS):
@@ -119,7 +122,10 @@ def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: lis
              f"Produced by `python benchmarks/train_phase.py --device {device} --repeats {repeats}` on "
              f"{datetime.date.today()}; {machine_line(device)}.", "",
              "Samples/s through `train()` on the same synthetic rollout, medians over "
-             f"{repeats} alternating repeats after {WARMUP_CALLS} untimed calls per model; ratio = that column / SB3 PPO.", ""]
+             f"{repeats} alternating repeats after {WARMUP_CALLS} untimed calls per model; ratio = that column / SB3 PPO.",
+             "`ScalablePPO` is built with defaults (its parameters equal PPO's); the other columns are opt-in: "
+             "`cuda_graphs=True`, and `compile_loss=True` (its one-off compilation, tens of seconds per rollout shape, "
+             "falls in the untimed warm-up; its parameters differ from PPO's by float rounding).", ""]
     for shape, rows in tables.items():
         n_envs, n_steps, _, n_epochs = CONFIGS[shape]
         names = [name for name in rows[0]["rate"] if name != "PPO"]
@@ -145,9 +151,11 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="on CUDA, also time ScalablePPO(cuda_graphs=True) (default on)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="also time ScalablePPO(compile_loss=True) (default: on the CPU only)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    tables = {shape: throughput_rows(shape, args.device, args.repeats, args.graphs) for shape in args.shapes}
+    tables = {shape: throughput_rows(shape, args.device, args.repeats, args.graphs, args.compile) for shape in args.shapes}
     memory = memory_rows(args.device, args.graphs)
     out = Path(args.out) / f"train_phase_{args.device.split(':')[0]}.md"
     out.write_text(render(args.device, args.repeats, tables, memory))

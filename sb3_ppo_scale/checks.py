@@ -111,3 +111,14 @@ def check_cuda_graphs(cuda_graphs: object, policy_device: th.device, buffer_devi
             f"cuda_graphs=True needs an optimizer that supports capturable=True (Adam, AdamW, RMSprop, ...); "
             f"policy optimizer_class is {type(optimizer).__name__}"
         )
+
+
+def check_compile_loss(compile_loss: object, cuda_graphs: bool) -> None:
+    """``compile_loss`` is a bool and is not combined with ``cuda_graphs`` (capturing compiled kernels is untested)."""
+    if not isinstance(compile_loss, bool):
+        raise ValueError(f"compile_loss must be True or False, got {compile_loss!r}")
+    if compile_loss and cuda_graphs:
+        raise ValueError(
+            "compile_loss=True cannot be combined with cuda_graphs=True: choose one (cuda_graphs for small models on "
+            "a GPU, compile_loss for large minibatches on a CPU)"
+        )

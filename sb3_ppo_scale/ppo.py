@@ -13,11 +13,13 @@ from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale.checks import (
     check_batching,
+    check_compile_loss,
     check_cuda_graphs,
     check_kl_penalty,
     check_rollout_size,
     resolve_buffer_device,
 )
+from sb3_ppo_scale.compiled import compiled_ppo_loss
 from sb3_ppo_scale.kl import (
     ANALYTIC,
     KL_COEF_BOUNDS,
@@ -67,7 +69,9 @@ class ScalablePPO(PPO):
     (``n_steps * n_envs``).
     """
 
-    cuda_graphs: bool = False  # class default: models saved before the argument existed load with it off
+    # class defaults: models saved before these arguments existed load with them off
+    cuda_graphs: bool = False
+    compile_loss: bool = False
 
     def __init__(
         self,
@@ -82,6 +86,7 @@ class ScalablePPO(PPO):
         kl_adapt_factor: float = 2.0,
         kl_adapt_tolerance: float = 1.5,
         cuda_graphs: bool = False,
+        compile_loss: bool = False,
         **kwargs: Any,
     ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
@@ -95,6 +100,8 @@ class ScalablePPO(PPO):
         self.kl_adapt_factor = kl_adapt_factor
         self.kl_adapt_tolerance = kl_adapt_tolerance
         self.cuda_graphs = cuda_graphs
+        self.compile_loss = compile_loss
+        check_compile_loss(compile_loss, cuda_graphs)
         self._check_kl_penalty()
         self._kl_beta = float(kl_coef)  # the current (adapted) beta
         self._n_grad_steps = 0
@@ -113,6 +120,7 @@ class ScalablePPO(PPO):
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
         self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
+        self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
 
@@ -120,6 +128,7 @@ class ScalablePPO(PPO):
         # checked here, not at load: a model may be loaded with fewer envs for evaluation
         check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         self._check_cuda_graphs()
+        check_compile_loss(self.compile_loss, self.cuda_graphs)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,
@@ -154,7 +163,7 @@ class ScalablePPO(PPO):
         return self._kl_beta
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device", "_graph_cache"]
+        return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device", "_graph_cache", "_loss"]
 
     # ----------------------------------------------------------------------------------------------- update
     def train(self) -> None:
@@ -255,7 +264,7 @@ class ScalablePPO(PPO):
         normalize = AdvantageNormalizer.fit(batch.advantages(), self.normalize_advantage)
         total: th.Tensor | None = None
         for micro in batch.micro_batches():
-            loss, stats = ppo_loss(self.policy, micro, normalize, settings)
+            loss, stats = self._loss(self.policy, micro, normalize, settings)
             if micro.share != 1.0:
                 loss, stats = loss * micro.share, stats * micro.share
             loss.backward()

@@ -130,3 +130,13 @@ def test_cuda_graphs_leave_an_ordinary_optimizer(tmp_path) -> None:
     on_gpu = ScalablePPO.load(tmp_path / "model", env=make_vec_env("Pendulum-v1"), device="cuda")
     assert on_gpu.cuda_graphs is True
     on_gpu.learn(N_STEPS)
+
+
+def test_compile_loss_matches_eager_on_cuda() -> None:
+    """compile_loss=True on CUDA (inductor's Triton kernels) trains like the eager loss, schedules included."""
+    kwargs = dict(n_steps=N_STEPS, batch_size=100, n_epochs=3, grad_accum_steps=2, clip_range=lambda f: 0.1 + 0.1 * f)
+    eager, compiled = train_pair(
+        "Pendulum-v1", 3 * N_STEPS, device="cuda", baseline_cls=ScalablePPO, scalable_kwargs=dict(compile_loss=True), **kwargs
+    )
+    assert max_param_diff(eager, compiled) <= TOL
+    assert compiled._n_grad_steps == eager._n_grad_steps

@@ -28,6 +28,8 @@ def build(**kwargs):
         (dict(buffer_device="tpu"), r"buffer_device must be"),
         (dict(cuda_graphs="yes"), r"cuda_graphs must be True or False, got 'yes'"),
         (dict(cuda_graphs=True), r"cuda_graphs=True needs the policy on a CUDA device \(device='cuda'\), but it is on cpu"),
+        (dict(compile_loss=1), r"compile_loss must be True or False, got 1"),
+        (dict(compile_loss=True, cuda_graphs=True), r"compile_loss=True cannot be combined with cuda_graphs=True"),
     ],
 )
 def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
