@@ -4,12 +4,15 @@
 #   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
 #   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
-#   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/profile_train.py).
+#   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/profile_train.py);
+#   5. with COMPILE=1, both train_phase runs also time ScalablePPO(compile_loss=True) (inductor: Triton on CUDA, a
+#      C++ compiler on the CPU; off by default so a box without one still gives the other figures).
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
 # Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
 set -uo pipefail
 OUT=${OUT:-benchmarks/results}
+COMPILE_FLAG=$([ -n "${COMPILE:-}" ] && echo --compile || echo --no-compile)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
 mkdir -p "$OUT"
@@ -17,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-6}" tests/test_cuda.py 2>&1 \
   | tee "$OUT/test_cuda.log" | tail -25
-timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
+timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda "$COMPILE_FLAG" --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
   | grep -v USDT | tee "$OUT/train_phase_cuda.log"
 if [ ! -s "$OUT/train_phase_cuda.md" ]; then  # the graph variant failed: keep the eager figures at least
   echo "train_phase with cuda_graphs failed; rerunning without it"
@@ -30,6 +33,6 @@ if [ -n "${PROFILE:-}" ]; then  # host-time breakdown of train() (cProfile), for
   for f in "$OUT"/profile_*.txt; do tail -n 3 "$f"; done
 fi
 if [ -n "${CPU_BENCH:-}" ]; then
-  timeout "${CPU_BENCH_TIMEOUT:-240}" "$PY" benchmarks/train_phase.py --device cpu --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
+  timeout "${CPU_BENCH_TIMEOUT:-240}" "$PY" benchmarks/train_phase.py --device cpu "$COMPILE_FLAG" --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
     | grep -v USDT | tee "$OUT/train_phase_cpu.log"
 fi
