@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch as th
 
 
@@ -121,4 +124,24 @@ def check_compile_loss(compile_loss: object, cuda_graphs: bool) -> None:
         raise ValueError(
             "compile_loss=True cannot be combined with cuda_graphs=True: choose one (cuda_graphs for small models on "
             "a GPU, compile_loss for large minibatches on a CPU)"
+        )
+
+
+def check_compile_toolchain(compile_loss: bool, device: th.device) -> None:
+    """``compile_loss=True`` needs what torch.compile's inductor builds kernels with: a C++ compiler for the CPU
+    (``$CXX``, g++, clang++ or c++), Triton for CUDA. Checked before learning, so the error is not a compiler
+    traceback in the middle of the first ``train()``."""
+    if not compile_loss:
+        return
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise ValueError("compile_loss=True on CUDA needs Triton (pip install triton); or pass compile_loss=False")
+        return
+    candidates = [os.environ.get("CXX"), "g++", "clang++", "c++"]
+    if not any(name and shutil.which(name) for name in candidates):
+        raise ValueError(
+            "compile_loss=True on the CPU needs a C++ compiler for torch.compile (g++, clang++ or $CXX), and none "
+            "was found on PATH; install one (e.g. apt install g++) or pass compile_loss=False"
         )

@@ -14,6 +14,7 @@ from stable_baselines3.common.utils import explained_variance
 from sb3_ppo_scale.checks import (
     check_batching,
     check_compile_loss,
+    check_compile_toolchain,
     check_cuda_graphs,
     check_kl_penalty,
     check_rollout_size,
@@ -111,6 +112,7 @@ class ScalablePPO(PPO):
             check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning instead
             self._check_cuda_graphs()
+            check_compile_toolchain(self.compile_loss, self.device)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
@@ -129,6 +131,7 @@ class ScalablePPO(PPO):
         check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         self._check_cuda_graphs()
         check_compile_loss(self.compile_loss, self.cuda_graphs)
+        check_compile_toolchain(self.compile_loss, self.device)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,

@@ -78,3 +78,18 @@ def test_cuda_graphs_device_check_treats_cuda_and_cuda0_as_one() -> None:
     with pytest.raises(ValueError, match=r"capturable=True"):
         sgd = th.optim.SGD([th.nn.Parameter(th.zeros(1))], lr=0.1)
         check_cuda_graphs(True, th.device("cuda"), th.device("cuda"), sgd)
+
+
+def test_compile_loss_without_a_cpp_compiler_is_a_clear_error(monkeypatch, tmp_path) -> None:
+    """Checked at construction and before learning (not at load: a saved model loads anywhere for evaluation)."""
+    saved = build(compile_loss=True)
+    saved.save(tmp_path / "model.zip")
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match=r"compile_loss=True on the CPU needs a C\+\+ compiler"):
+        build(compile_loss=True)
+    loaded = ScalablePPO.load(tmp_path / "model.zip", env=saved.get_env())
+    assert loaded.compile_loss is True
+    with pytest.raises(ValueError, match=r"compile_loss=True on the CPU needs a C\+\+ compiler"):
+        loaded.learn(64)
+    build(compile_loss=False)  # nothing to check
