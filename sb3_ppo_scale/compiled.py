@@ -36,7 +36,9 @@ def _compiled() -> Loss:
     return th.compile(ppo_loss, dynamic=True)
 
 
-def compiled_ppo_loss(policy: th.nn.Module, micro: MicroBatch, normalize: AdvantageNormalizer, settings: LossSettings):
+def compiled_ppo_loss(
+    policy: th.nn.Module, micro: MicroBatch, normalize: AdvantageNormalizer, settings: LossSettings
+) -> tuple[th.Tensor, th.Tensor]:
     """:func:`~sb3_ppo_scale.objectives.ppo_loss` through ``torch.compile`` (inductor, dynamic shapes), with the
     float coefficients of ``settings`` as 0-d float32 CPU tensors (so they promote as Python floats do)."""
     return _compiled()(policy, micro, normalize, tensor_settings(settings))

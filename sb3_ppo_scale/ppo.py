@@ -102,7 +102,6 @@ class ScalablePPO(PPO):
         self.kl_adapt_tolerance = kl_adapt_tolerance
         self.cuda_graphs = cuda_graphs
         self.compile_loss = compile_loss
-        check_compile_loss(compile_loss, cuda_graphs)
         self._check_kl_penalty()
         self._kl_beta = float(kl_coef)  # the current (adapted) beta
         self._n_grad_steps = 0
@@ -122,6 +121,7 @@ class ScalablePPO(PPO):
         self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
         self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
         self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
+        check_compile_loss(self.compile_loss, self.cuda_graphs)
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
@@ -130,7 +130,6 @@ class ScalablePPO(PPO):
         # checked here, not at load: a model may be loaded with fewer envs for evaluation
         check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
         self._check_cuda_graphs()
-        check_compile_loss(self.compile_loss, self.cuda_graphs)
         check_compile_toolchain(self.compile_loss, self.device)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]

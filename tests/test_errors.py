@@ -93,3 +93,9 @@ def test_compile_loss_without_a_cpp_compiler_is_a_clear_error(monkeypatch, tmp_p
     with pytest.raises(ValueError, match=r"compile_loss=True on the CPU needs a C\+\+ compiler"):
         loaded.learn(64)
     build(compile_loss=False)  # nothing to check
+
+
+def test_bad_compile_loss_at_load_is_a_clear_error(tmp_path) -> None:
+    build().save(tmp_path / "model.zip")
+    with pytest.raises(ValueError, match=r"compile_loss must be True or False, got 'yes'"):
+        ScalablePPO.load(tmp_path / "model.zip", compile_loss="yes")
