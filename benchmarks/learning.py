@@ -40,6 +40,7 @@ ALGOS = {
     "scalable_ppo_linear": ("cpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
     "scalable_ppo_zoo_batch": ("cpu_zoo_batch", "sb3_ppo_scale.ScalablePPO"),  # zoo batch, 4 envs (HalfCheetah only)
     "scalable_ppo_gpu": ("gpu", "sb3_ppo_scale.ScalablePPO"),  # the large-batch GPU variant (64 envs, batch 16 384), run here on the CPU
+    "scalable_ppo_gpu_linear": ("gpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
 }
 DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo"]
 
