@@ -135,7 +135,8 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float) -> dict[str,
     for task in sorted({r["task"] for r in results}):
         runs = {a: [r for r in results if r["task"] == task and r["algo"] == a] for a in ALGOS}
         baseline = runs["sb3_ppo"] or runs["scalable_ppo"]
-        threshold = threshold_frac * float(np.mean([r["final_return"] for r in baseline]))
+        # no baseline runs in this folder (e.g. a variant alone at a longer budget): no threshold to reach
+        threshold = threshold_frac * float(np.mean([r["final_return"] for r in baseline])) if baseline else float("nan")
         per_algo = {}
         for algo, algo_runs in runs.items():
             if not algo_runs:
@@ -160,6 +161,13 @@ def _ratio(summary_task: dict[str, Any], key: str, algo: str = "scalable_ppo") -
     return algos["sb3_ppo"][key][0] / algos[algo][key][0]
 
 
+def _threshold_cells(threshold: float, time_to_threshold: tuple[float, float, float]) -> str:
+    """The threshold and s-to-threshold cells; both n/a when the folder holds no baseline runs."""
+    if np.isnan(threshold):
+        return "n/a (no baseline runs) | n/a"
+    return f"{threshold:.0f} | {_fmt(time_to_threshold, 1)}"
+
+
 def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str) -> Path:
     lines = [
         "# Learning benchmark: ScalablePPO (config variants) vs SB3 PPO (zoo config)", "",
@@ -177,7 +185,7 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
         for algo, s in data["algos"].items():
             lines.append(
                 f"| {task} | {algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | {_fmt(s['final_return'])} | "
-                f"{data['threshold']:.0f} | {_fmt(s['time_to_threshold'], 1)} | {_fmt(s['train_s'], 1)} | {_fmt(s['cpu_s'], 1)} | "
+                f"{_threshold_cells(data['threshold'], s['time_to_threshold'])} | {_fmt(s['train_s'], 1)} | {_fmt(s['cpu_s'], 1)} | "
                 f"{_fmt(s['steps_per_s'])} |"
             )
     lines += ["", "Ratios (SB3 PPO / ScalablePPO, from the means; > 1 means ScalablePPO is faster):", ""]

@@ -132,3 +132,16 @@ def test_bench_statistics_and_report(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert ("T, scalable_ppo: time to threshold 2.00x, training time 2.00x, CPU time 2.00x, steps/s 2.00x, "
             "final return 1.00x of SB3's") in out
     assert (tmp_path / "learning_summary.md").is_file() and (tmp_path / "learning_T.png").stat().st_size > 1000
+
+
+def test_bench_report_without_baseline_runs_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    curve = [{"steps": 0, "train_s": 0.0, "cpu_s": 0.0, "return": 0.0},
+             {"steps": 10, "train_s": 4.0, "cpu_s": 3.0, "return": 50.0}]
+    (runs / "T__scalable_ppo_gpu__seed0.json").write_text(json.dumps({
+        "task": "T", "algo": "scalable_ppo_gpu", "seed": 0, "budget": 10, "entry": "T@gpu", "steps": 10,
+        "train_s": 4.0, "cpu_s": 3.0, "final_return": 50.0, "steps_per_s": 2.5, "curve": curve}))
+    out = _run(["bench", "--tasks", "T", "--out", str(tmp_path), "--report-only"], capsys)
+    assert "| n/a (no baseline runs) | n/a |" in out and "nan" not in out
+    assert "T, scalable_ppo_gpu: no SB3 PPO runs to compare with" in out
