@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.stats import bootstrap_ci  # noqa: E402
+from sb3_ppo_scale.experiments.stats import bootstrap_ci  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

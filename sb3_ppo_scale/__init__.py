@@ -1,8 +1,8 @@
 """sb3-ppo-scale: PPO for Stable-Baselines3 that trains at scale."""
 
-from sb3_ppo_scale.ppo import ScalablePPO
-from sb3_ppo_scale.prioritized import PrioritizedRolloutBuffer
-from sb3_ppo_scale.sampling import MinibatchLoader
+from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.buffers.prioritized import PrioritizedRolloutBuffer
+from sb3_ppo_scale.core.sampling import MinibatchLoader
 
 __all__ = ["ScalablePPO", "MinibatchLoader", "PrioritizedRolloutBuffer"]
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Sequence
 
 #: Modules that add sub-commands; each exposes ``register(subparsers)`` and sets ``func`` on its parsers.
-COMMAND_MODULES = ("sb3_ppo_scale.experiment", "sb3_ppo_scale.tuning.commands")
+COMMAND_MODULES = ("sb3_ppo_scale.experiments.commands", "sb3_ppo_scale.tuning.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

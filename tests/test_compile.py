@@ -14,8 +14,8 @@ from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from tests.helpers import max_param_diff, train_pair
-from sb3_ppo_scale.compiled import compiled_ppo_loss
-from sb3_ppo_scale.objectives import ppo_loss
+from sb3_ppo_scale.core.compiled import compiled_ppo_loss
+from sb3_ppo_scale.core.objectives import ppo_loss
 
 CASES = {
     # clip-range and learning-rate schedules, uneven micro-batches and a short last minibatch (100 + 100 + 56)

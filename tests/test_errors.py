@@ -69,7 +69,7 @@ def test_cuda_graphs_checked_before_learning_not_at_load(tmp_path) -> None:
 
 def test_cuda_graphs_device_check_treats_cuda_and_cuda0_as_one() -> None:
     """Pure device comparison (no GPU needed): the rollout on "cuda:0" and the policy on "cuda" is one device."""
-    from sb3_ppo_scale.checks import check_cuda_graphs
+    from sb3_ppo_scale.core.checks import check_cuda_graphs
 
     optimizer = th.optim.Adam([th.nn.Parameter(th.zeros(1))])
     check_cuda_graphs(True, th.device("cuda"), th.device("cuda:0"), optimizer)

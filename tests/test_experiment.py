@@ -13,7 +13,8 @@ import pytest
 import yaml
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppo_scale import ScalablePPO, cli, experiment, zoo, zoo_main
+from sb3_ppo_scale import ScalablePPO, cli
+from sb3_ppo_scale.experiments import bench as bench_module, commands as experiment, rl_zoo as zoo_main, zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +69,8 @@ def test_train_with_normalize_saves_and_reloads_statistics(tmp_path: Path, capsy
 
 def test_rl_zoo3_route_trains_cartpole(tmp_path: Path) -> None:
     logs = tmp_path / "zoo"
-    subprocess.run([sys.executable, "-m", "sb3_ppo_scale.zoo", "--algo", "scalable_ppo", "--env", "CartPole-v1",
-                    "-conf", str(ROOT / "hyperparams" / "scalable_ppo.yml"), "-n", "2000", "-f", str(logs),
+    subprocess.run([sys.executable, "-m", "sb3_ppo_scale.experiments.zoo", "--algo", "scalable_ppo", "--env", "CartPole-v1",
+                    "-conf", str(zoo.DEFAULT_CONFIG), "-n", "2000", "-f", str(logs),
                     "--eval-freq", "-1", "--seed", "1"], check=True, capture_output=True, text=True, timeout=300)
     model_file = logs / "scalable_ppo" / "CartPole-v1_1" / "CartPole-v1.zip"
     model = ScalablePPO.load(model_file, device="cpu")
@@ -111,7 +112,7 @@ def test_optuna_sampler_keeps_minibatches_inside_the_rollout() -> None:
 
 
 def test_bench_statistics_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bench = experiment._bench_module()
+    bench = bench_module
     mean, low, high = bench.bootstrap_ci([1.0, 2.0, 3.0])
     assert mean == 2.0 and 1.0 <= low < 2.0 < high <= 3.0
     assert bench.bootstrap_ci([5.0, 5.0]) == (5.0, 5.0, 5.0)

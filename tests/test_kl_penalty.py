@@ -15,10 +15,10 @@ from stable_baselines3.common.logger import Logger
 from torch.distributions import kl_divergence
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.kl import KL_COEF_BOUNDS, AdaptiveKLCoefficient, analytic_kl, distribution_params, kl_estimator
-from sb3_ppo_scale.objectives import AdvantageNormalizer, LossSettings, kl_penalty
-from sb3_ppo_scale.rollout import DeviceRollout
-from sb3_ppo_scale.sampling import MinibatchLoader
+from sb3_ppo_scale.core.kl import KL_COEF_BOUNDS, AdaptiveKLCoefficient, analytic_kl, distribution_params, kl_estimator
+from sb3_ppo_scale.core.objectives import AdvantageNormalizer, LossSettings, kl_penalty
+from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.sampling import MinibatchLoader
 from tests.helpers import max_param_diff
 
 SMALL = dict(n_steps=128, batch_size=32, n_epochs=3, seed=0, device="cpu")

@@ -13,8 +13,8 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
-from sb3_ppo_scale.prioritized import PRIORITIES, PrioritySampler, RetainedPool, n_to_evict, top_k_indices
-from sb3_ppo_scale.rollout import DeviceRollout
+from sb3_ppo_scale.buffers.prioritized import PRIORITIES, PrioritySampler, RetainedPool, n_to_evict, top_k_indices
+from sb3_ppo_scale.core.rollout import DeviceRollout
 
 Z_999 = 3.2905  # two-sided 99.9% normal quantile
 

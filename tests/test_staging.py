@@ -12,7 +12,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 
-from sb3_ppo_scale.rollout import RolloutStager, rollout_arrays
+from sb3_ppo_scale.core.rollout import RolloutStager, rollout_arrays
 
 N_STEPS, N_ENVS = 7, 3
 

@@ -9,7 +9,7 @@ import torch as th
 from torch.distributions import Distribution
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.updates import (
+from sb3_ppo_scale.core.updates import (
     EagerUpdate,
     _adopt_step_counters,
     _make_capturable,
@@ -91,7 +91,7 @@ def test_adopt_step_counters_records_device_counters() -> None:
 def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
     """The cache key (pure Python, checked here on the CPU) must change with the lr, the loss settings and the
     optimizer state's storage, and stay equal when nothing changed."""
-    from sb3_ppo_scale.updates import CudaGraphUpdate, GraphCache
+    from sb3_ppo_scale.core.updates import CudaGraphUpdate, GraphCache
 
     model = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32, n_epochs=1, device="cpu", seed=0)
     model.learn(64)

@@ -10,7 +10,8 @@ import torch as th
 import yaml
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppo_scale import ScalablePPO, zoo
+from sb3_ppo_scale import ScalablePPO
+from sb3_ppo_scale.experiments import zoo
 
 ENTRIES = zoo.read_entries(zoo.DEFAULT_CONFIG)
 ENV_OF = {"atari": "PongNoFrameskip-v4"}

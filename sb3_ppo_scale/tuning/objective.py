@@ -13,7 +13,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
-from sb3_ppo_scale.ppo import ScalablePPO
+from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.tuning.spec import ParamSpec, StudySpec, pow2_bounds
 
 ACTIVATION_FNS: dict[str, type[th.nn.Module]] = {

@@ -33,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 import yaml
 
-from sb3_ppo_scale.ppo import ScalablePPO
+from sb3_ppo_scale.core.ppo import ScalablePPO
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
             "sampler", "pruner", "n_trials", "storage", "output_dir"}

@@ -15,7 +15,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 
-from sb3_ppo_scale.rollout import DeviceRollout
+from sb3_ppo_scale.core.rollout import DeviceRollout
 
 Samples = RolloutBufferSamples | DictRolloutBufferSamples
 EpochOrder = Callable[[int], np.ndarray]

@@ -10,7 +10,7 @@ task and algorithm: mean over seeds with a 95% percentile bootstrap interval (10
 return, of the training time to the return threshold (first evaluation at or above it; the threshold is
 ``--threshold-frac`` x SB3 PPO's mean final return on that task) and of wall-clock env steps/s.
 
-    python benchmarks/learning.py --tasks HalfCheetah-v5 Hopper-v5 --budget 50000 --seeds 0 1 2
+    python -m sb3_ppo_scale.experiments.bench --tasks HalfCheetah-v5 Hopper-v5 --budget 50000 --seeds 0 1 2
     sb3-ppo-scale bench --tasks Hopper-v5 --budget 20000 --seeds 0     # the same, through the CLI
 """
 
@@ -27,12 +27,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.stats import bootstrap_ci  # noqa: E402  (re-exported: `sb3-ppo-scale bench` loads this file by path)
+from sb3_ppo_scale.experiments.stats import bootstrap_ci
+from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
-DEFAULT_CONFIG = ROOT / "hyperparams" / "scalable_ppo.yml"
+#: results land under the working directory unless ``--out`` says otherwise
+DEFAULT_OUT = Path("bench_results")
 #: algorithm label -> (config variant, class path)
 ALGOS = {
     "sb3_ppo": (None, "stable_baselines3.PPO"),
@@ -55,7 +54,8 @@ def run_one(task: str, algo: str, seed: int, budget: int, eval_every: int, eval_
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import sync_envs_normalization
 
-    from sb3_ppo_scale import ScalablePPO, zoo
+    from sb3_ppo_scale import ScalablePPO
+    from sb3_ppo_scale.experiments import zoo
 
     th.set_num_threads(1)
     variant, _ = ALGOS[algo]
@@ -261,7 +261,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def main(args: argparse.Namespace, command: str = "python benchmarks/learning.py") -> int:
+def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
     if args.budget < 1 or args.workers < 1:
         raise ValueError(f"budget and workers must be >= 1, got {args.budget}, {args.workers}")
     out = Path(args.out)

@@ -29,7 +29,7 @@ from typing import Any
 import torch as th
 from torch.distributions import Distribution
 
-from sb3_ppo_scale.sampling import LogicalBatch
+from sb3_ppo_scale.core.sampling import LogicalBatch
 
 Gradients = Callable[[LogicalBatch], th.Tensor]
 StopCheck = Callable[[th.Tensor], bool]

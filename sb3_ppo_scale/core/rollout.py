@@ -31,7 +31,7 @@ class DeviceRollout:
     keep their dtype (Atari uint8 frames stay uint8 until the policy preprocesses them).
     ``weights`` holds optional per-sample loss weights (importance correction); None means all ones.
     ``old_dist`` holds optional per-sample parameters of the rollout policy's action distribution (for an
-    analytic KL penalty, see :mod:`sb3_ppo_scale.kl`).
+    analytic KL penalty, see :mod:`sb3_ppo_scale.core.kl`).
     """
 
     observations: Observations

@@ -52,8 +52,8 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 
-from sb3_ppo_scale.rollout import DeviceRollout
-from sb3_ppo_scale.sampling import uniform_order
+from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.sampling import uniform_order
 
 #: Allowed values of ``priority``.
 PRIORITIES = ("reward", "return", "advantage", "abs_advantage")

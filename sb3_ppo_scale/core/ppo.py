@@ -11,7 +11,7 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_scale.checks import (
+from sb3_ppo_scale.core.checks import (
     check_batching,
     check_compile_loss,
     check_compile_toolchain,
@@ -20,8 +20,8 @@ from sb3_ppo_scale.checks import (
     check_rollout_size,
     resolve_buffer_device,
 )
-from sb3_ppo_scale.compiled import compiled_ppo_loss
-from sb3_ppo_scale.kl import (
+from sb3_ppo_scale.core.compiled import compiled_ppo_loss
+from sb3_ppo_scale.core.kl import (
     ANALYTIC,
     KL_COEF_BOUNDS,
     AdaptiveKLCoefficient,
@@ -29,10 +29,10 @@ from sb3_ppo_scale.kl import (
     mean_rollout_kl,
     rollout_distribution_params,
 )
-from sb3_ppo_scale.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
-from sb3_ppo_scale.rollout import DeviceRollout, RolloutStager
-from sb3_ppo_scale.sampling import LogicalBatch, MinibatchLoader, uniform_order
-from sb3_ppo_scale.updates import CudaGraphUpdate, EagerUpdate, GraphCache, distribution_validation
+from sb3_ppo_scale.core.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
+from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutStager
+from sb3_ppo_scale.core.sampling import LogicalBatch, MinibatchLoader, uniform_order
+from sb3_ppo_scale.core.updates import CudaGraphUpdate, EagerUpdate, GraphCache, distribution_validation
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -54,8 +54,8 @@ class ScalablePPO(PPO):
         no clipping) or "clip_kl_penalty" (both terms, as RLlib does).
     :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model.
     :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
-        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.kl.AdaptiveKLCoefficient`); None keeps
-        beta fixed. Beta stays within :data:`~sb3_ppo_scale.kl.KL_COEF_BOUNDS`.
+        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.kl.AdaptiveKLCoefficient`); None keeps
+        beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.kl.KL_COEF_BOUNDS`.
     :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
     :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
         (default 1.5), >= 1.
@@ -64,7 +64,7 @@ class ScalablePPO(PPO):
         the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
         while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
         and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
-        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.updates`.
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.updates`.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).

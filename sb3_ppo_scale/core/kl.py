@@ -28,7 +28,7 @@ from stable_baselines3.common.distributions import (
 )
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.rollout import DeviceRollout
+from sb3_ppo_scale.core.rollout import DeviceRollout
 
 #: beta never leaves these bounds (so it can never reach 0 or inf); the initial kl_coef must lie inside them.
 KL_COEF_BOUNDS = (1e-6, 1e6)

@@ -18,8 +18,8 @@ import torch as th
 import torch.nn.functional as F
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.kl import ANALYTIC, analytic_kl, evaluate_with_distribution, k3_kl
-from sb3_ppo_scale.sampling import MicroBatch
+from sb3_ppo_scale.core.kl import ANALYTIC, analytic_kl, evaluate_with_distribution, k3_kl
+from sb3_ppo_scale.core.sampling import MicroBatch
 
 OBJECTIVES = ("clip", "kl_penalty", "clip_kl_penalty")
 

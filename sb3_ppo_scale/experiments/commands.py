@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -24,21 +23,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_SCRIPT = ROOT / "benchmarks" / "learning.py"
+from sb3_ppo_scale.experiments import bench as bench_module
 
 
 def register(subparsers: Any) -> None:
     """Add the ``train``, ``evaluate`` and ``bench`` sub-commands (each sets ``func``)."""
     _add_train(subparsers.add_parser("train", help="train ScalablePPO from a zoo-style config entry"))
     _add_evaluate(subparsers.add_parser("evaluate", help="load a trained run and report its mean return"))
-    bench = subparsers.add_parser("bench", help="learning benchmark: ScalablePPO vs SB3 PPO (benchmarks/learning.py)")
-    module = _bench_module()
-    if module is None:
-        bench.set_defaults(func=lambda args: _missing_bench())
-    else:
-        module.build_parser(bench)
-        bench.set_defaults(func=lambda args: module.main(args, command="sb3-ppo-scale bench"))
+    bench = subparsers.add_parser("bench", help="learning benchmark: ScalablePPO vs SB3 PPO, same seeds and budget")
+    bench_module.build_parser(bench)
+    bench.set_defaults(func=lambda args: bench_module.main(args, command="sb3-ppo-scale bench"))
 
 
 # ------------------------------------------------------------------------------------------------ train
@@ -63,7 +57,7 @@ def train(args: argparse.Namespace) -> int:
     """Train as the entry says; writes the run folder described in the module docstring. Returns 0."""
     from stable_baselines3.common.callbacks import EvalCallback
 
-    from sb3_ppo_scale import zoo
+    from sb3_ppo_scale.experiments import zoo
 
     config = zoo.load_config(args.config, args.env, args.variant, zoo.parse_overrides(args.overrides))
     n_timesteps = config.n_timesteps if args.n_timesteps is None else args.n_timesteps
@@ -127,7 +121,8 @@ def _evaluate_run(run_dir: Path, episodes: int, device: str, deterministic: bool
     """Rebuild the eval env from ``config.yml`` (+ ``vecnormalize.pkl``), load the model, run ``episodes``."""
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    from sb3_ppo_scale import ScalablePPO, zoo
+    from sb3_ppo_scale import ScalablePPO
+    from sb3_ppo_scale.experiments import zoo
 
     for name in ("config.yml", model_name):
         if not (run_dir / name).exists():
@@ -144,19 +139,3 @@ def _evaluate_run(run_dir: Path, episodes: int, device: str, deterministic: bool
     return {"env_id": config.env_id, "entry": config.entry, "model": model_name, "episodes": len(returns),
             "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
             "mean_length": float(np.mean(lengths)), "deterministic": deterministic}
-
-
-# ------------------------------------------------------------------------------------------------ bench
-def _bench_module() -> Any | None:
-    if not BENCH_SCRIPT.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("sb3_ppo_scale_learning_bench", BENCH_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _missing_bench() -> int:
-    print(f"bench needs the repository checkout: {BENCH_SCRIPT} not found")
-    return 2

@@ -22,8 +22,8 @@ from functools import cache
 
 import torch as th
 
-from sb3_ppo_scale.objectives import AdvantageNormalizer, LossSettings, ppo_loss
-from sb3_ppo_scale.sampling import MicroBatch
+from sb3_ppo_scale.core.objectives import AdvantageNormalizer, LossSettings, ppo_loss
+from sb3_ppo_scale.core.sampling import MicroBatch
 
 #: LossSettings fields passed to the compiled loss as tensors (values that may change between train() calls)
 TENSOR_FIELDS = ("clip_range", "clip_range_vf", "ent_coef", "vf_coef", "kl_coef")
@@ -39,7 +39,7 @@ def _compiled() -> Loss:
 def compiled_ppo_loss(
     policy: th.nn.Module, micro: MicroBatch, normalize: AdvantageNormalizer, settings: LossSettings
 ) -> tuple[th.Tensor, th.Tensor]:
-    """:func:`~sb3_ppo_scale.objectives.ppo_loss` through ``torch.compile`` (inductor, dynamic shapes), with the
+    """:func:`~sb3_ppo_scale.core.objectives.ppo_loss` through ``torch.compile`` (inductor, dynamic shapes), with the
     float coefficients of ``settings`` as 0-d float32 CPU tensors (so they promote as Python floats do)."""
     return _compiled()(policy, micro, normalize, tensor_settings(settings))
 

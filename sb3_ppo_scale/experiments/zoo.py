@@ -6,8 +6,8 @@ A config file is a YAML mapping from entry names to hyperparameters, in the zoo'
 ``<entry>@<variant>`` (e.g. ``HalfCheetah-v5@gpu``). Unlike the zoo, nothing is passed to ``eval``:
 ``policy_kwargs`` / ``normalize`` strings go through :func:`parse_literal`, a literal parser that only knows
 ``dict(...)``, numbers, strings, lists, tuples, booleans, ``None`` and the activation / optimizer names of
-:data:`SAFE_NAMES`. ``python -m sb3_ppo_scale.zoo`` runs rl_zoo3's own trainer with ``scalable_ppo`` registered
-(see :mod:`sb3_ppo_scale.zoo_main`).
+:data:`SAFE_NAMES`. ``python -m sb3_ppo_scale.experiments.zoo`` runs rl_zoo3's own trainer with ``scalable_ppo`` registered
+(see :mod:`sb3_ppo_scale.experiments.rl_zoo`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
 
-from sb3_ppo_scale.ppo import ScalablePPO
+from sb3_ppo_scale.core.ppo import ScalablePPO
 
-#: The config shipped with the repository (``hyperparams/scalable_ppo.yml``).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "hyperparams" / "scalable_ppo.yml"
+#: The config shipped with the package (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``).
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "scalable_ppo.yml"
 
 #: Keys that describe the envs and the run, not the model.
 ENV_KEYS = frozenset({"n_timesteps", "n_envs", "normalize", "env_wrapper", "frame_stack", "env_kwargs", "policy"})
@@ -405,7 +405,7 @@ def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwar
     return algo(config.policy, env, **model_kwargs)
 
 
-if __name__ == "__main__":  # python -m sb3_ppo_scale.zoo --algo scalable_ppo --env ID -conf FILE [...]
-    from sb3_ppo_scale.zoo_main import main
+if __name__ == "__main__":  # python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env ID -conf FILE [...]
+    from sb3_ppo_scale.experiments.rl_zoo import main
 
     raise SystemExit(main())

@@ -1,15 +1,15 @@
-"""rl_zoo3's own trainer with ``scalable_ppo`` registered: ``python -m sb3_ppo_scale.zoo``.
+"""rl_zoo3's own trainer with ``scalable_ppo`` registered: ``python -m sb3_ppo_scale.experiments.zoo``.
 
-    python -m sb3_ppo_scale.zoo --algo scalable_ppo --env CartPole-v1 -conf hyperparams/scalable_ppo.yml
-    python -m sb3_ppo_scale.zoo --algo scalable_ppo --env HalfCheetah-v5 --variant gpu -n 1000000
-    python -m sb3_ppo_scale.zoo --algo scalable_ppo --env Pendulum-v1 -optimize --n-trials 20 -n 50000
+    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env CartPole-v1 -conf hyperparams/scalable_ppo.yml
+    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env HalfCheetah-v5 --variant gpu -n 1000000
+    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env Pendulum-v1 -optimize --n-trials 20 -n 50000
 
 Every rl_zoo3 ``train.py`` option works. Added here:
 
 - ``ALGOS["scalable_ppo"] = ScalablePPO`` and its Optuna sampler / converter (``-optimize``);
 - ``-conf`` defaults to ``hyperparams/scalable_ppo.yml`` for ``--algo scalable_ppo``;
 - ``--variant NAME`` trains the entry ``<env>@NAME`` (the zoo itself only looks up ``<env>`` / ``atari``);
-- the entry is checked with :func:`sb3_ppo_scale.zoo.load_config` *before* rl_zoo3 sees it, so unknown keys and
+- the entry is checked with :func:`sb3_ppo_scale.experiments.zoo.load_config` *before* rl_zoo3 sees it, so unknown keys and
   ``policy_kwargs`` strings that are not plain literals are rejected instead of reaching the zoo's ``eval``.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import optuna
 import yaml
 
-from sb3_ppo_scale import zoo
-from sb3_ppo_scale.ppo import ScalablePPO
+from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.core.ppo import ScalablePPO
 
 ALGO_NAME = "scalable_ppo"
 
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rl_zoo3.train import train
 
     saved = sys.argv
-    sys.argv = ["sb3_ppo_scale.zoo", *zoo_argv]
+    sys.argv = ["sb3_ppo_scale.experiments.zoo", *zoo_argv]
     try:
         train()
     finally:
