@@ -1,23 +1,35 @@
-"""Learning benchmark: ScalablePPO's config variants (@cpu, @gpu, ...) against SB3 PPO with the zoo's config.
+"""Learning benchmark: ScalablePPO's config variants against SB3 PPO, the same config on both sides.
 
-Same env, same sample budget, same seeds. Each run is one single-threaded process; at most ``--workers`` run at
-once. Every run writes ``<out>/runs/<task>__<algo>__seed<k>.json``; existing files are skipped (resumable).
+Protocol (docs/benchmarks.md states it in full):
 
-Measured per run: deterministic evaluation return every ``--eval-every`` env steps (``--eval-episodes`` episodes,
-VecNormalize statistics frozen, rewards unnormalised) against the *training* wall-clock time (evaluation time is
-excluded); the final return is the mean of the last evaluation (``--final-episodes`` episodes). Reported per
-task and algorithm: mean over seeds with a 95% percentile bootstrap interval (10 000 resamples) of the final
-return, of the training time to the return threshold (first evaluation at or above it; the threshold is
-``--threshold-frac`` x SB3 PPO's mean final return on that task) and of wall-clock env steps/s.
+- A run is labelled ``<algo>[@<variant>]``: ``algo`` is ``sb3_ppo`` (SB3's ``PPO``) or ``scalable_ppo``
+  (``ScalablePPO``), and the config is the entry ``<task>[@<variant>]`` of ``--config``. Every ScalablePPO label
+  is paired with SB3 PPO under the same entry (``scalable_ppo@cpu`` adds ``sb3_ppo@cpu``; ``--no-pairs`` turns
+  this off), so the table shows the config's effect (``sb3_ppo@cpu`` vs the baseline) apart from the plugin's
+  (``scalable_ppo@cpu`` vs ``sb3_ppo@cpu``). SB3 PPO gets the entry without ScalablePPO's execution-only keys
+  (:data:`EXECUTION_ONLY_KEYS`, which do not change the maths); an entry with other ScalablePPO-only keys has no
+  SB3 pair (the run is skipped and said so).
+- Labels of earlier results (``scalable_ppo`` = ``@cpu``, ``scalable_ppo_gpu``, ...) stay valid (:data:`LEGACY_LABELS`).
+- Each run is one single-threaded process; at most ``--workers`` (default 1) run at once. Every run writes
+  ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable); ``--report-only`` only
+  rebuilds the tables and plots.
+- Per evaluation (every ``--eval-every`` env steps, ``--eval-episodes`` deterministic episodes, VecNormalize
+  statistics frozen, rewards unnormalised) the run JSON records the mean return, mean episode length, mean
+  forward distance (x position at the episode's end minus at its start, MuJoCo envs; ``null`` elsewhere), the
+  mean length of the last 100 training episodes, and the training wall-clock and CPU seconds (evaluation
+  excluded). The final evaluation (``--final-episodes`` episodes) follows the last update.
+- Threshold per task: ``max(--threshold-frac x the baseline label's mean final return, floor)``, with the floors
+  of :data:`THRESHOLD_FLOORS` set above known plateaus (Hopper-v5: 1500, which a policy standing still cannot
+  reach). Time to threshold: training seconds at the first evaluation whose mean return reaches it.
+- Reported per task and label: mean over seeds with a 95% percentile bootstrap interval (10 000 resamples).
 
-    python -m sb3_ppo_scale.experiments.bench --tasks HalfCheetah-v5 Hopper-v5 --budget 50000 --seeds 0 1 2
-    sb3-ppo-scale bench --tasks Hopper-v5 --budget 20000 --seeds 0     # the same, through the CLI
+    sb3-ppo-scale bench --tasks Hopper-v5 --algos sb3_ppo scalable_ppo@cpu --budget 300000 --seeds 0 1 2
+    python -m sb3_ppo_scale.experiments.bench --tasks Hopper-v5 --budget 20000 --seeds 0   # the same module
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import json
 import multiprocessing as mp
 import time
@@ -25,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
@@ -32,80 +45,185 @@ from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
-#: algorithm label -> (config variant, class path)
-ALGOS = {
-    "sb3_ppo": (None, "stable_baselines3.PPO"),
-    "scalable_ppo": ("cpu", "sb3_ppo_scale.ScalablePPO"),
-    "scalable_ppo_linear": ("cpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
-    "scalable_ppo_zoo_batch": ("cpu_zoo_batch", "sb3_ppo_scale.ScalablePPO"),  # zoo batch, 4 envs (HalfCheetah only)
-    "scalable_ppo_gpu": ("gpu", "sb3_ppo_scale.ScalablePPO"),  # the large-batch GPU variant (64 envs, batch 16 384), run here on the CPU
-    "scalable_ppo_gpu_linear": ("gpu_linear", "sb3_ppo_scale.ScalablePPO"),  # same, linear lr rule (HalfCheetah only)
+#: algorithm name -> class path
+ALGO_CLASSES = {"sb3_ppo": "stable_baselines3.PPO", "scalable_ppo": "sb3_ppo_scale.ScalablePPO"}
+#: labels of earlier results -> (algorithm, config variant)
+LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
+    "scalable_ppo": ("scalable_ppo", "cpu"),
+    "scalable_ppo_linear": ("scalable_ppo", "cpu_linear"),
+    "scalable_ppo_zoo_batch": ("scalable_ppo", "cpu_zoo_batch"),
+    "scalable_ppo_gpu": ("scalable_ppo", "gpu"),
+    "scalable_ppo_gpu_linear": ("scalable_ppo", "gpu_linear"),
 }
-DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo"]
+DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo@cpu"]
+#: ScalablePPO arguments that change how an update is computed, not what it computes: dropped for SB3 PPO
+EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss")
+#: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step
+#: and 125 per metre forward (dt 0.008 s), 1000 steps at most: standing still earns <= 1000, and 1500 needs >= 4 m.
+THRESHOLD_FLOORS = {"Hopper-v5": 1500.0}
 
 
-# ------------------------------------------------------------------------------------------------ one run
-def run_one(task: str, algo: str, seed: int, budget: int, eval_every: int, eval_episodes: int, final_episodes: int,
-            config_path: str, out_file: str) -> str:
-    """Train one (task, algo, seed) for ``budget`` env steps and write its JSON result; returns the file path."""
-    import torch as th
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
+# ------------------------------------------------------------------------------------------------ labels
+def parse_label(label: str) -> tuple[str, str | None]:
+    """``"sb3_ppo@cpu"`` -> ``("sb3_ppo", "cpu")``; legacy labels map as :data:`LEGACY_LABELS` says."""
+    if label in LEGACY_LABELS:
+        return LEGACY_LABELS[label]
+    algo, _, variant = label.partition("@")
+    if algo not in ALGO_CLASSES or (not variant and "@" in label):
+        raise ValueError(f"--algos: {label!r} is not <algo>[@<variant>] with algo in {sorted(ALGO_CLASSES)} "
+                         f"(or one of {sorted(LEGACY_LABELS)})")
+    return algo, variant or None
+
+
+def with_pairs(labels: list[str]) -> list[str]:
+    """The labels, each ScalablePPO one followed by SB3 PPO under the same entry (no duplicates)."""
+    out: list[str] = []
+    for label in labels:
+        algo, variant = parse_label(label)
+        pair = "sb3_ppo" + (f"@{variant}" if variant else "")
+        for item in (label, pair) if algo == "scalable_ppo" else (label,):
+            if item not in out:
+                out.append(item)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+class ForwardDistance(gym.Wrapper):
+    """Adds ``info["forward_distance"]``: x position now minus at the last reset (MuJoCo: ``data.qpos[0]``, in
+    metres), or ``info["x_position"]`` where the env reports it; absent for envs with neither."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._start: float | None = None
+
+    def _x(self, info: dict[str, Any]) -> float | None:
+        data = getattr(self.env.unwrapped, "data", None)
+        if data is not None and hasattr(data, "qpos"):
+            return float(data.qpos[0])
+        return float(info["x_position"]) if "x_position" in info else None
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._start = self._x(info)
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        x = self._x(info)
+        if x is not None and self._start is not None:
+            info["forward_distance"] = x - self._start
+        return obs, reward, terminated, truncated, info
+
+
+def evaluate(model: Any, eval_env: Any, episodes: int) -> dict[str, float | None]:
+    """Deterministic episodes: mean return, mean length (steps) and mean forward distance (m, or None)."""
     from stable_baselines3.common.evaluation import evaluate_policy
+
+    distances: list[float] = []
+
+    def record(local: dict[str, Any], _: dict[str, Any]) -> None:  # called just before evaluate_policy counts it
+        info = local["info"]
+        if local["done"] and "episode" in info and "forward_distance" in info:
+            distances.append(float(info["forward_distance"]))
+
+    returns, lengths = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
+                                       return_episode_rewards=True, callback=record)
+    return {"return": float(np.mean(returns)), "length": float(np.mean(lengths)),
+            "forward_distance": float(np.mean(distances)) if len(distances) == len(returns) else None}
+
+
+def _make_callback(eval_env: Any, eval_every: int, episodes: int, curve: list[dict[str, Any]]) -> Any:
+    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import sync_envs_normalization
 
-    from sb3_ppo_scale import ScalablePPO
-    from sb3_ppo_scale.experiments import zoo
-
-    th.set_num_threads(1)
-    variant, _ = ALGOS[algo]
-    config = zoo.load_config(config_path, task, variant)
-    env = zoo.make_envs(config, seed=seed)
-    eval_env = zoo.make_envs(config, n_envs=min(eval_episodes, 5), seed=seed + 10_000, eval_env=True)
-    model = zoo.build_model(config, env, algo=PPO if algo == "sb3_ppo" else ScalablePPO, seed=seed, device="cpu")
-    curve: list[dict[str, float]] = []
-
     class Timed(BaseCallback):
-        """Evaluates every ``eval_every`` steps; the evaluation time is excluded from the training clock."""
+        """Evaluates every ``eval_every`` steps into ``curve``; evaluation time is excluded from the clocks."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.excluded = 0.0
-            self.next_eval = 0
-            self.start = time.perf_counter()
-            self.cpu_start = time.process_time()
-            self.cpu_excluded = 0.0
+            self.next_eval, self.excluded, self.cpu_excluded = 0, 0.0, 0.0
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
-        def evaluate(self, episodes: int) -> None:
+        def evaluate(self, n_episodes: int) -> None:
             paused, cpu_paused = time.perf_counter(), time.process_time()
             sync_envs_normalization(self.model.get_env(), eval_env)
-            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=episodes, deterministic=True)
-            train_s = paused - self.start - self.excluded
-            cpu_s = cpu_paused - self.cpu_start - self.cpu_excluded
-            curve.append({"steps": int(self.num_timesteps), "train_s": train_s, "cpu_s": cpu_s, "return": float(mean)})
+            point = {"steps": int(self.num_timesteps), "train_s": paused - self.start - self.excluded,
+                     "cpu_s": cpu_paused - self.cpu_start - self.cpu_excluded}
+            point.update(evaluate(self.model, eval_env, n_episodes))
+            episodes_seen = list(self.model.ep_info_buffer or [])
+            point["train_length"] = float(np.mean([e["l"] for e in episodes_seen])) if episodes_seen else None
+            curve.append(point)
             self.excluded += time.perf_counter() - paused
             self.cpu_excluded += time.process_time() - cpu_paused
 
         def _on_rollout_start(self) -> None:
             if self.num_timesteps >= self.next_eval:
-                self.evaluate(eval_episodes)
+                self.evaluate(episodes)
                 self.next_eval += eval_every
 
         def _on_step(self) -> bool:
             return True
 
-    timer = Timed()
+    return Timed()
+
+
+# ------------------------------------------------------------------------------------------------ one run
+def _config_for(config: Any, algo: str) -> tuple[Any, list[str]]:
+    """The config SB3 PPO runs: execution-only keys dropped (returned); other ScalablePPO-only keys: ValueError."""
+    import dataclasses
+
+    if algo != "sb3_ppo":
+        return config, []
+    dropped = sorted(k for k in config.model_kwargs if k in EXECUTION_ONLY_KEYS)
+    kwargs = {k: v for k, v in config.model_kwargs.items() if k not in EXECUTION_ONLY_KEYS}
+    return dataclasses.replace(config, model_kwargs=kwargs), dropped
+
+
+def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval_episodes: int, final_episodes: int,
+            config_path: str, out_file: str) -> str:
+    """Train one (task, label, seed) for ``budget`` env steps and write its JSON result; returns the file path."""
+    import dataclasses
+    import importlib
+
+    import torch as th
+
+    from sb3_ppo_scale.experiments import zoo
+
+    th.set_num_threads(1)
+    algo, variant = parse_label(label)
+    config, dropped = _config_for(zoo.load_config(config_path, task, variant), algo)
+    module, _, name = ALGO_CLASSES[algo].rpartition(".")
+    env = zoo.make_envs(config, seed=seed)
+    eval_config = dataclasses.replace(config, env_wrappers=[*config.env_wrappers, (ForwardDistance, {})])
+    eval_env = zoo.make_envs(eval_config, n_envs=min(eval_episodes, 5), seed=seed + 10_000, eval_env=True)
+    model = zoo.build_model(config, env, algo=getattr(importlib.import_module(module), name), seed=seed, device="cpu")
+    curve: list[dict[str, Any]] = []
+    timer = _make_callback(eval_env, eval_every, eval_episodes, curve)
     model.learn(total_timesteps=budget, callback=timer)
     timer.evaluate(final_episodes)
+    last = curve[-1]
     result = {
-        "task": task, "algo": algo, "seed": seed, "budget": budget, "entry": config.entry,
+        "task": task, "algo": label, "algo_class": ALGO_CLASSES[algo], "seed": seed, "budget": budget,
+        "entry": config.entry, "dropped_for_sb3": dropped,
         "hyperparams": {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                        for k, v in config.hyperparams.items()},
-        "steps": int(model.num_timesteps), "train_s": curve[-1]["train_s"], "final_return": curve[-1]["return"],
-        "steps_per_s": model.num_timesteps / curve[-1]["train_s"], "cpu_s": curve[-1]["cpu_s"], "curve": curve,
+                        for k, v in config.hyperparams.items() if k not in dropped},
+        "steps": int(model.num_timesteps), "train_s": last["train_s"], "cpu_s": last["cpu_s"],
+        "final_return": last["return"], "final_length": last["length"],
+        "final_forward_distance": last["forward_distance"], "steps_per_s": model.num_timesteps / last["train_s"],
+        "torch_threads": 1, "curve": curve,
     }
     Path(out_file).write_text(json.dumps(result, indent=1))
     return out_file
+
+
+def _try_run(*args: Any) -> str:
+    """:func:`run_one`, with a config SB3 PPO cannot take reported instead of raised (no file is written)."""
+    try:
+        return run_one(*args)
+    except ValueError as error:
+        if "does not take" not in str(error):
+            raise
+        return f"skipped {args[0]} {args[1]} seed {args[2]}: {error}"
 
 
 # ------------------------------------------------------------------------------------------------ statistics
@@ -117,6 +235,68 @@ def time_to_threshold(curve: list[dict[str, float]], threshold: float) -> float:
     return float("inf")
 
 
+def task_threshold(task: str, baseline_runs: list[dict[str, Any]], threshold_frac: float) -> float:
+    """``max(threshold_frac x the baseline's mean final return, the task's floor)``; nan with neither."""
+    candidates = [THRESHOLD_FLOORS.get(task, float("nan"))]
+    if baseline_runs:
+        candidates.append(threshold_frac * float(np.mean([r["final_return"] for r in baseline_runs])))
+    finite = [c for c in candidates if np.isfinite(c)]
+    return max(finite) if finite else float("nan")
+
+
+def _optional_ci(values: list[float | None]) -> tuple[float, float, float]:
+    """Bootstrap stats of values that older result files lack (None): nan unless every run has one."""
+    if not values or any(v is None for v in values):
+        return float("nan"), float("nan"), float("nan")
+    return bootstrap_ci([float(v) for v in values])  # type: ignore[arg-type]
+
+
+def _parsed(label: str) -> tuple[str, str | None]:
+    """:func:`parse_label`, or ``("", None)`` for a label it does not know (results of other scripts)."""
+    try:
+        return parse_label(label)
+    except ValueError:
+        return "", None
+
+
+def _label_order(label: str, baseline: str) -> tuple[int, str, int, str]:
+    algo, variant = _parsed(label)
+    return (0 if label == baseline else 1, variant or "", 0 if algo == "sb3_ppo" else 1, label)
+
+
+def summarise(results: list[dict[str, Any]], threshold_frac: float,
+              baseline: str = "sb3_ppo") -> dict[str, dict[str, Any]]:
+    """Per task: threshold and, per label, bootstrap stats of final return / length / forward distance, time to
+    threshold, train and CPU seconds, steps/s."""
+    summary: dict[str, dict[str, Any]] = {}
+    for task in sorted({r["task"] for r in results}):
+        task_runs = [r for r in results if r["task"] == task]
+        labels = sorted({r["algo"] for r in task_runs}, key=lambda a: _label_order(a, baseline))
+        runs = {a: [r for r in task_runs if r["algo"] == a] for a in labels}
+        threshold = task_threshold(task, runs.get(baseline, []), threshold_frac)
+        per_algo = {}
+        for algo, algo_runs in runs.items():
+            per_algo[algo] = {
+                "seeds": [r["seed"] for r in algo_runs],
+                "final_return": bootstrap_ci([r["final_return"] for r in algo_runs]),
+                "final_length": _optional_ci([r.get("final_length") for r in algo_runs]),
+                "final_forward_distance": _optional_ci([r.get("final_forward_distance") for r in algo_runs]),
+                "time_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold) for r in algo_runs]),
+                "train_s": bootstrap_ci([r["train_s"] for r in algo_runs]),
+                "cpu_s": bootstrap_ci([r["cpu_s"] for r in algo_runs]),
+                "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
+                "budget": algo_runs[0]["budget"], "entry": algo_runs[0]["entry"],
+            }
+        summary[task] = {"threshold": threshold, "baseline": baseline, "algos": per_algo, "runs": runs}
+    return summary
+
+
+def paired_ratios(sb3_runs: list[dict[str, Any]], ours: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
+    """Per seed present on both sides, SB3's ``key`` / ScalablePPO's: bootstrap stats of the mean ratio."""
+    theirs = {r["seed"]: r[key] for r in sb3_runs}
+    return bootstrap_ci([theirs[r["seed"]] / r[key] for r in ours if r["seed"] in theirs])
+
+
 # ------------------------------------------------------------------------------------------------ report
 def load_results(out: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*.json"))]
@@ -124,74 +304,54 @@ def load_results(out: Path) -> list[dict[str, Any]]:
 
 def _fmt(stat: tuple[float, float, float], digits: int = 0) -> str:
     mean, low, high = stat
+    if np.isnan(mean):
+        return "n/a"
     if not np.isfinite(mean):
         return "not reached (some seeds)"
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def summarise(results: list[dict[str, Any]], threshold_frac: float) -> dict[str, dict[str, Any]]:
-    """Per task: threshold and, per algo, bootstrap stats of final return, time to threshold, steps/s."""
-    summary: dict[str, dict[str, Any]] = {}
-    for task in sorted({r["task"] for r in results}):
-        runs = {a: [r for r in results if r["task"] == task and r["algo"] == a] for a in ALGOS}
-        baseline = runs["sb3_ppo"] or runs["scalable_ppo"]
-        # no baseline runs in this folder (e.g. a variant alone at a longer budget): no threshold to reach
-        threshold = threshold_frac * float(np.mean([r["final_return"] for r in baseline])) if baseline else float("nan")
-        per_algo = {}
-        for algo, algo_runs in runs.items():
-            if not algo_runs:
-                continue
-            per_algo[algo] = {
-                "seeds": [r["seed"] for r in algo_runs],
-                "final_return": bootstrap_ci([r["final_return"] for r in algo_runs]),
-                "time_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold) for r in algo_runs]),
-                "train_s": bootstrap_ci([r["train_s"] for r in algo_runs]),
-                "cpu_s": bootstrap_ci([r["cpu_s"] for r in algo_runs]),
-                "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
-                "budget": algo_runs[0]["budget"], "entry": algo_runs[0]["entry"],
-            }
-        summary[task] = {"threshold": threshold, "algos": per_algo}
-    return summary
-
-
-def _ratio(summary_task: dict[str, Any], key: str, algo: str = "scalable_ppo") -> float:
-    algos = summary_task["algos"]
-    if "sb3_ppo" not in algos or algo not in algos:
+def _ratio(summary_task: dict[str, Any], key: str, algo: str) -> float:
+    algos, baseline = summary_task["algos"], summary_task["baseline"]
+    if baseline not in algos or algo not in algos:
         return float("nan")
-    return algos["sb3_ppo"][key][0] / algos[algo][key][0]
+    return algos[baseline][key][0] / algos[algo][key][0]
 
 
 def _threshold_cells(threshold: float, time_to_threshold: tuple[float, float, float]) -> str:
-    """The threshold and s-to-threshold cells; both n/a when the folder holds no baseline runs."""
+    """The threshold and s-to-threshold cells; both n/a when there is neither a baseline run nor a floor."""
     if np.isnan(threshold):
         return "n/a (no baseline runs) | n/a"
     return f"{threshold:.0f} | {_fmt(time_to_threshold, 1)}"
 
 
-def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str) -> Path:
+def _table(summary: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
-        "# Learning benchmark: ScalablePPO (config variants) vs SB3 PPO (zoo config)", "",
-        f"Generated by `{command}`.", "",
-        "Each run: one process, `torch.set_num_threads(1)`, at most 2 runs at once on a shared 2-core CPU box.",
-        "Values: mean over seeds [95% percentile bootstrap interval of the mean]. Final return: deterministic",
-        "evaluation after the last update. Time: training wall-clock seconds, evaluation excluded (CPU s: the",
-        "process's CPU time, less sensitive to other load on the shared box). Threshold:",
-        f"{threshold_frac:g} x SB3 PPO's mean final return on the task.", "",
-        "| task | algo (config entry) | budget (steps) | seeds | final return | threshold | s to threshold |"
-        " train s | CPU s | steps/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | algo (config entry) | budget (steps) | seeds | final return | episode length | forward m |"
+        " threshold | s to threshold | train s | CPU s | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, data in summary.items():
         for algo, s in data["algos"].items():
             lines.append(
                 f"| {task} | {algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | {_fmt(s['final_return'])} | "
-                f"{_threshold_cells(data['threshold'], s['time_to_threshold'])} | {_fmt(s['train_s'], 1)} | {_fmt(s['cpu_s'], 1)} | "
-                f"{_fmt(s['steps_per_s'])} |"
+                f"{_fmt(s['final_length'])} | {_fmt(s['final_forward_distance'], 1)} | "
+                f"{_threshold_cells(data['threshold'], s['time_to_threshold'])} | {_fmt(s['train_s'], 1)} | "
+                f"{_fmt(s['cpu_s'], 1)} | {_fmt(s['steps_per_s'])} |"
             )
-    lines += ["", "Ratios (SB3 PPO / ScalablePPO, from the means; > 1 means ScalablePPO is faster):", ""]
+    return lines
+
+
+def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per label against the task's baseline (config and plugin together)."""
+    lines = []
     for task, data in summary.items():
+        baseline = data["baseline"]
         for algo in data["algos"]:
-            if algo == "sb3_ppo":
+            if algo == baseline:
+                continue
+            if baseline not in data["algos"]:
+                lines.append(f"- {task}, {algo}: no SB3 PPO runs to compare with")
                 continue
             to_threshold = _ratio(data, "time_to_threshold", algo)
             reached = f"{to_threshold:.2f}x" if 0 < to_threshold < float("inf") else "n/a (not reached on every seed)"
@@ -199,16 +359,58 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
                 f"- {task}, {algo}: time to threshold {reached}, "
                 f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
                 f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, final return "
-                f"{data['algos'][algo]['final_return'][0] / data['algos']['sb3_ppo']['final_return'][0]:.2f}x of SB3's"
-                if "sb3_ppo" in data["algos"] else f"- {task}, {algo}: no SB3 PPO runs to compare with"
+                f"{data['algos'][algo]['final_return'][0] / data['algos'][baseline]['final_return'][0]:.2f}x of SB3's"
             )
+    return lines
+
+
+def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """ScalablePPO against SB3 PPO under the same entry, per seed: what the plugin alone changes."""
+    lines = []
+    for task, data in summary.items():
+        runs = data["runs"]
+        for label, ours in runs.items():
+            algo, variant = _parsed(label)
+            pair = "sb3_ppo" + (f"@{variant}" if variant else "")
+            if algo != "scalable_ppo" or pair not in runs:
+                continue
+            time_ratio = paired_ratios(runs[pair], ours, "train_s")
+            gap = bootstrap_ci([r["final_return"] - {q["seed"]: q["final_return"] for q in runs[pair]}[r["seed"]]
+                                for r in ours if r["seed"] in {q["seed"] for q in runs[pair]}])
+            lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time "
+                         f"{_fmt(time_ratio, 2)}x less, final return {_fmt(gap)} higher (per seed)")
+    return lines or ["- (no ScalablePPO label with its SB3 PPO pair in these results)"]
+
+
+def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str) -> Path:
+    floors = ", ".join(f"{t} {v:g}" for t, v in THRESHOLD_FLOORS.items())
+    baselines = sorted({data["baseline"] for data in summary.values()}) or ["sb3_ppo"]
+    lines = [
+        "# Learning benchmark: ScalablePPO and SB3 PPO under the same configs", "",
+        f"Generated by `{command}`.", "",
+        "Each run: one process, `torch.set_num_threads(1)`, on a shared 2-core CPU box (other jobs running).",
+        "Labels: `<algo>@<variant>` runs `<algo>` (sb3_ppo: SB3's PPO, scalable_ppo: ScalablePPO) with the config",
+        "entry named in brackets; `scalable_ppo` alone is `scalable_ppo@cpu` (earlier label).",
+        "Values: mean over seeds [95% percentile bootstrap interval of the mean]. Final return, episode length and",
+        "forward distance (x at the episode's end minus at its start, metres): deterministic evaluation after the",
+        "last update. Time: training wall-clock seconds, evaluation excluded (CPU s: the process's CPU time, less",
+        f"sensitive to other load). Threshold: max({threshold_frac:g} x the baseline's ({', '.join(baselines)}) mean",
+        f"final return, the task's floor above known plateaus: {floors}).", "",
+        *_table(summary),
+        "", f"Against the baseline ({', '.join(baselines)}; ratios from the means, > 1: faster than the baseline):", "",
+        *_baseline_lines(summary),
+        "", "Plugin effect: ScalablePPO / SB3 PPO under the same config entry, same seeds (training time: SB3's / "
+        "ScalablePPO's per seed):", "",
+        *_plugin_lines(summary),
+    ]
     path = out / "learning_summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
-    """One PNG per task: mean evaluation return (band: min..max over seeds) vs env steps and vs wall-clock s."""
+    """One PNG per task: mean evaluation return (band: min..max over seeds) vs env steps and vs training s, and
+    the mean forward distance vs env steps where recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,24 +418,28 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
 
     paths = []
     for task in sorted({r["task"] for r in results}):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for algo, color in zip(ALGOS, plt.rcParams["axes.prop_cycle"].by_key()["color"]):  # one color per algo
-            runs = [r for r in results if r["task"] == task and r["algo"] == algo]
-            if not runs:
-                continue
+        labels = sorted({r["algo"] for r in results if r["task"] == task}, key=lambda a: _label_order(a, "sb3_ppo"))
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
+        for label, color in zip(labels, colors):
+            runs = [r for r in results if r["task"] == task and r["algo"] == label]
             n = min(len(r["curve"]) for r in runs)
-            returns = np.array([[p["return"] for p in r["curve"][:n]] for r in runs])
-            for ax, key in zip(axes, ("steps", "train_s")):
-                x = np.array([[p[key] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
-                ax.plot(x, returns.mean(axis=0), color=color, label=f"{algo} ({len(runs)} seeds)")
-                ax.fill_between(x, returns.min(axis=0), returns.max(axis=0), color=color, alpha=0.2)
-        axes[0].set_xlabel("env steps")
-        axes[1].set_xlabel("training wall-clock s (1 thread, evaluation excluded)")
-        for ax in axes:
-            ax.set_ylabel("evaluation return")
+            steps = np.array([[p["steps"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
+            seconds = np.array([[p["train_s"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
+            for ax, x, key in ((axes[0], steps, "return"), (axes[1], seconds, "return"), (axes[2], steps, "forward_distance")):
+                values = [[p.get(key) for p in r["curve"][:n]] for r in runs]
+                if any(v is None for row in values for v in row):
+                    continue
+                y = np.array(values, dtype=float)
+                ax.plot(x, y.mean(axis=0), color=color, label=f"{label} ({len(runs)} seeds)")
+                ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
+        for ax, xlabel, ylabel in zip(axes, ("env steps", "training wall-clock s (1 thread, evaluation excluded)",
+                                             "env steps"), ("evaluation return", "evaluation return", "forward distance (m)")):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            ax.legend()
-        fig.suptitle(f"{task}: ScalablePPO (config variants) vs SB3 PPO (zoo config)")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{task}: ScalablePPO and SB3 PPO, config entries in the labels (band: min..max over seeds)")
         fig.tight_layout()
         path = out / f"learning_{task}.png"
         fig.savefig(path, dpi=100)
@@ -243,22 +449,44 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------ driver
+def _label(text: str) -> str:
+    parse_label(text)
+    return text
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["HalfCheetah-v5", "Hopper-v5"])
-    parser.add_argument("--algos", nargs="+", default=DEFAULT_ALGOS, choices=list(ALGOS))
+    parser.add_argument("--algos", nargs="+", type=_label, default=DEFAULT_ALGOS,
+                        help="labels <algo>[@<variant>], algo sb3_ppo or scalable_ppo (default: sb3_ppo scalable_ppo@cpu)")
+    parser.add_argument("--no-pairs", action="store_true", help="do not add sb3_ppo@<v> for each scalable_ppo@<v>")
+    parser.add_argument("--baseline", type=_label, default="sb3_ppo",
+                        help="label the ratios and the threshold refer to (default sb3_ppo: the plain entry)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=50_000, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--final-episodes", type=int, default=10)
     parser.add_argument("--threshold-frac", type=float, default=0.9,
-                        help="threshold = this x SB3 PPO's mean final return (default 0.9)")
-    parser.add_argument("--workers", type=int, default=2, help="parallel single-threaded runs (default 2)")
+                        help="threshold = max(this x the baseline's mean final return, the task's floor) (default 0.9)")
+    parser.add_argument("--workers", type=int, default=1, help="parallel single-threaded runs (default 1)")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (runs/ inside, resumable)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots")
     return parser
+
+
+def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
+    labels = args.algos if args.no_pairs else with_pairs(args.algos)
+    jobs = []
+    for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs the labels on every task
+        for task in args.tasks:
+            for label in labels:
+                path = out / "runs" / f"{task}__{label}__seed{seed}.json"
+                if not path.exists() and not args.report_only:
+                    jobs.append((task, label, seed, args.budget, args.eval_every, args.eval_episodes,
+                                 args.final_episodes, args.config, str(path)))
+    return jobs
 
 
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
@@ -266,20 +494,13 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
         raise ValueError(f"budget and workers must be >= 1, got {args.budget}, {args.workers}")
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = []
-    for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs both algos on every task
-        for task in args.tasks:
-            for algo in args.algos:
-                path = out / "runs" / f"{task}__{algo}__seed{seed}.json"
-                if not path.exists() and not args.report_only:
-                    jobs.append((task, algo, seed, args.budget, args.eval_every, args.eval_episodes,
-                                 args.final_episodes, args.config, str(path)))
+    jobs = _jobs(args, out)
     print(f"{len(jobs)} runs to do, {args.workers} at a time")
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
-        for done in pool.map(run_one, *zip(*jobs)) if jobs else []:
+        for done in pool.map(_try_run, *zip(*jobs)) if jobs else []:
             print("done:", done, flush=True)
     results = [r for r in load_results(out) if r["task"] in args.tasks]
-    summary = summarise(results, args.threshold_frac)
+    summary = summarise(results, args.threshold_frac, args.baseline)
     print(write_markdown(summary, out, args.threshold_frac, command).read_text())
     for path in plot_curves(results, out):
         print("plot:", path)
@@ -287,4 +508,4 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(build_parser().parse_args()))
+    raise SystemExit(main(build_parser().parse_args(), command="python -m sb3_ppo_scale.experiments.bench"))

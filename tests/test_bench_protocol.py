@@ -1,0 +1,92 @@
+"""The learning benchmark's protocol: labels and SB3 pairs, forward distance, threshold floors, the plugin table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import yaml
+
+from sb3_ppo_scale.experiments import bench
+
+
+def test_labels_pairs_and_errors() -> None:
+    assert bench.parse_label("sb3_ppo") == ("sb3_ppo", None)
+    assert bench.parse_label("scalable_ppo@gpu") == ("scalable_ppo", "gpu")
+    assert bench.parse_label("scalable_ppo") == ("scalable_ppo", "cpu")  # the earlier results' label
+    assert bench.with_pairs(["sb3_ppo", "scalable_ppo@cpu", "sb3_ppo@cpu", "scalable_ppo_gpu"]) == [
+        "sb3_ppo", "scalable_ppo@cpu", "sb3_ppo@cpu", "scalable_ppo_gpu", "sb3_ppo@gpu"]
+    for bad in ("ppo@cpu", "sb3_ppo@", "scalable"):
+        with pytest.raises(ValueError, match="--algos"):
+            bench.parse_label(bad)
+
+
+def test_forward_distance_is_x_now_minus_x_at_reset() -> None:
+    env = bench.ForwardDistance(gym.make("Hopper-v5"))
+    _, reset_info = env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        *_, info = env.step(rng.uniform(-1, 1, size=3).astype(np.float32))
+        assert info["forward_distance"] == pytest.approx(info["x_position"] - reset_info["x_position"], abs=1e-12)
+    _, reset_info = env.reset(seed=4)
+    *_, info = env.step(np.zeros(3, dtype=np.float32))
+    assert info["forward_distance"] == pytest.approx(info["x_position"] - reset_info["x_position"], abs=1e-12)
+    cartpole = bench.ForwardDistance(gym.make("CartPole-v1"))  # no MuJoCo data, no x_position: nothing added
+    cartpole.reset(seed=0)
+    assert "forward_distance" not in cartpole.step(0)[-1]
+
+
+def test_threshold_floor_lies_above_the_hopper_plateau() -> None:
+    standing = [{"final_return": 1000.0}] * 3
+    assert bench.task_threshold("Hopper-v5", standing, 0.9) == 1500.0
+    assert bench.task_threshold("Hopper-v5", [{"final_return": 3000.0}], 0.9) == pytest.approx(2700.0)
+    assert bench.task_threshold("Hopper-v5", [], 0.9) == 1500.0
+    assert np.isnan(bench.task_threshold("T", [], 0.9))
+    assert bench.task_threshold("T", standing, 0.5) == 500.0
+
+
+def _run_file(runs: Path, algo: str, seed: int, scale: float, final: float) -> None:
+    curve = [{"steps": 0, "train_s": 0.0, "cpu_s": 0.0, "return": 0.0, "length": 10.0, "forward_distance": 0.0},
+             {"steps": 10, "train_s": 4.0 * scale, "cpu_s": 3.0 * scale, "return": final, "length": 1000.0,
+              "forward_distance": final / 1000}]
+    (runs / f"T__{algo}__seed{seed}.json").write_text(json.dumps({
+        "task": "T", "algo": algo, "seed": seed, "budget": 10, "entry": "T@cpu", "steps": 10,
+        "train_s": 4.0 * scale, "cpu_s": 3.0 * scale, "final_return": final, "final_length": 1000.0,
+        "final_forward_distance": final / 1000, "steps_per_s": 10 / (4.0 * scale), "curve": curve}))
+
+
+def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for seed in (0, 1):
+        _run_file(runs, "sb3_ppo", seed, 4.0, 1000.0)
+        _run_file(runs, "sb3_ppo@cpu", seed, 2.0, 2000.0 + seed)
+        _run_file(runs, "scalable_ppo@cpu", seed, 1.0, 2010.0 + 3 * seed)
+    summary = bench.summarise(bench.load_results(tmp_path), 0.9)
+    assert list(summary["T"]["algos"]) == ["sb3_ppo", "sb3_ppo@cpu", "scalable_ppo@cpu"]
+    assert summary["T"]["algos"]["sb3_ppo@cpu"]["final_forward_distance"][0] == pytest.approx(2.0005)
+    text = bench.write_markdown(summary, tmp_path, 0.9, "cmd").read_text()
+    assert "- T, sb3_ppo@cpu: time to threshold 2.00x, training time 2.00x" in text  # the config's effect
+    assert ("- T, scalable_ppo@cpu vs sb3_ppo@cpu (entry `T@cpu`): training time 2.00 [2.00, 2.00]x less, "
+            "final return 11 [10, 12] higher (per seed)") in text  # the plugin's effect
+    assert "| 1000 [1000, 1000] | 2.0 [2.0, 2.0] |" in text  # episode length and forward distance columns
+
+
+def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path: Path) -> None:
+    entry = {"policy": "MlpPolicy", "n_timesteps": 256, "n_envs": 2, "n_steps": 64, "batch_size": 64,
+             "n_epochs": 1, "grad_accum_steps": 2}
+    config = tmp_path / "c.yml"
+    config.write_text(yaml.safe_dump({"Hopper-v5@x": entry, "Hopper-v5@kl": {**entry, "objective": "kl"}}))
+    out = tmp_path / "r.json"
+    assert bench.run_one("Hopper-v5", "sb3_ppo@x", 0, 128, 64, 1, 1, str(config), str(out)) == str(out)
+    result = json.loads(out.read_text())
+    assert result["dropped_for_sb3"] == ["grad_accum_steps"] and "grad_accum_steps" not in result["hyperparams"]
+    assert result["steps"] == 128 and [p["steps"] for p in result["curve"]] == [0, 128]
+    assert 1 <= result["final_length"] <= 1000 and isinstance(result["final_forward_distance"], float)
+    assert result["final_return"] == result["curve"][-1]["return"] and result["curve"][-1]["train_length"] > 0
+    skipped = bench._try_run("Hopper-v5", "sb3_ppo@kl", 0, 128, 64, 1, 1, str(config), str(tmp_path / "kl.json"))
+    assert skipped.startswith("skipped Hopper-v5 sb3_ppo@kl seed 0") and "objective" in skipped
+    assert not (tmp_path / "kl.json").exists()
