@@ -1,0 +1,10 @@
+"""Vectorised environments beyond SB3's: an SB3 ``VecEnv`` over an EnvPool batch (C++ threads stepping the envs).
+
+EnvPool is an optional dependency (``pip install sb3-ppo-scale[envpool]``, Linux x86-64): importing this package
+works without it, building an env raises ImportError naming the extra.
+"""
+
+from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv, make_envpool_vec_env
+from sb3_ppo_scale.envs.tasks import ATARI_SB3_SETTINGS, ENVPOOL_EXTRA_HINT, resolve_task
+
+__all__ = ["ATARI_SB3_SETTINGS", "ENVPOOL_EXTRA_HINT", "EnvPoolVecEnv", "make_envpool_vec_env", "resolve_task"]
