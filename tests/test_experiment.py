@@ -69,7 +69,7 @@ def test_train_with_normalize_saves_and_reloads_statistics(tmp_path: Path, capsy
 
 def test_rl_zoo3_route_trains_cartpole(tmp_path: Path) -> None:
     logs = tmp_path / "zoo"
-    subprocess.run([sys.executable, "-m", "sb3_ppo_scale.experiments.zoo", "--algo", "scalable_ppo", "--env", "CartPole-v1",
+    subprocess.run([sys.executable, "-m", "sb3_ppo_scale.experiments.rl_zoo", "--algo", "scalable_ppo", "--env", "CartPole-v1",
                     "-conf", str(zoo.DEFAULT_CONFIG), "-n", "2000", "-f", str(logs),
                     "--eval-freq", "-1", "--seed", "1"], check=True, capture_output=True, text=True, timeout=300)
     model_file = logs / "scalable_ppo" / "CartPole-v1_1" / "CartPole-v1.zip"

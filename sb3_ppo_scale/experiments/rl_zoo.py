@@ -1,13 +1,14 @@
-"""rl_zoo3's own trainer with ``scalable_ppo`` registered: ``python -m sb3_ppo_scale.experiments.zoo``.
+"""rl_zoo3's own trainer with ``scalable_ppo`` registered: ``python -m sb3_ppo_scale.experiments.rl_zoo``.
 
-    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env CartPole-v1 -conf hyperparams/scalable_ppo.yml
-    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env HalfCheetah-v5 --variant gpu -n 1000000
-    python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env Pendulum-v1 -optimize --n-trials 20 -n 50000
+    python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env CartPole-v1
+    python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env HalfCheetah-v5 --variant gpu -n 1000000
+    python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env Pendulum-v1 -optimize --n-trials 20 -n 50000
 
 Every rl_zoo3 ``train.py`` option works. Added here:
 
 - ``ALGOS["scalable_ppo"] = ScalablePPO`` and its Optuna sampler / converter (``-optimize``);
-- ``-conf`` defaults to ``hyperparams/scalable_ppo.yml`` for ``--algo scalable_ppo``;
+- ``-conf`` defaults to the package's config (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``) for
+  ``--algo scalable_ppo``;
 - ``--variant NAME`` trains the entry ``<env>@NAME`` (the zoo itself only looks up ``<env>`` / ``atari``);
 - the entry is checked with :func:`sb3_ppo_scale.experiments.zoo.load_config` *before* rl_zoo3 sees it, so unknown keys and
   ``policy_kwargs`` strings that are not plain literals are rejected instead of reaching the zoo's ``eval``.
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rl_zoo3.train import train
 
     saved = sys.argv
-    sys.argv = ["sb3_ppo_scale.experiments.zoo", *zoo_argv]
+    sys.argv = ["sb3_ppo_scale.experiments.rl_zoo", *zoo_argv]
     try:
         train()
     finally:
@@ -140,3 +141,7 @@ def _remove_temporary_config(zoo_argv: list[str]) -> None:
         conf = Path(zoo_argv[zoo_argv.index("-conf") + 1])
         if conf.parent == Path(tempfile.gettempdir()) and conf.name.startswith("scalable_ppo_"):
             conf.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env ID [...]
+    raise SystemExit(main())

@@ -2,12 +2,13 @@
 
 A config file is a YAML mapping from entry names to hyperparameters, in the zoo's format: one entry per env id
 (``atari`` for every Atari game), keys ``n_timesteps``, ``policy``, ``n_envs``, ``normalize``, ``env_wrapper``,
-``frame_stack``, ``env_kwargs`` and the algorithm's constructor arguments. Variants of an entry are named
+``frame_stack``, ``env_kwargs``, ``vec_env`` (``dummy``, ``subproc`` or ``envpool``) and the algorithm's
+constructor arguments. Variants of an entry are named
 ``<entry>@<variant>`` (e.g. ``HalfCheetah-v5@gpu``). Unlike the zoo, nothing is passed to ``eval``:
 ``policy_kwargs`` / ``normalize`` strings go through :func:`parse_literal`, a literal parser that only knows
 ``dict(...)``, numbers, strings, lists, tuples, booleans, ``None`` and the activation / optimizer names of
-:data:`SAFE_NAMES`. ``python -m sb3_ppo_scale.experiments.zoo`` runs rl_zoo3's own trainer with ``scalable_ppo`` registered
-(see :mod:`sb3_ppo_scale.experiments.rl_zoo`).
+:data:`SAFE_NAMES`. ``python -m sb3_ppo_scale.experiments.rl_zoo`` runs rl_zoo3's own trainer with ``scalable_ppo``
+registered (see :mod:`sb3_ppo_scale.experiments.rl_zoo`).
 """
 
 from __future__ import annotations
@@ -25,21 +26,25 @@ import torch as th
 import yaml
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
-from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage,
+)
 
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
 #: The config shipped with the package (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``).
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "scalable_ppo.yml"
 
 #: Keys that describe the envs and the run, not the model.
-ENV_KEYS = frozenset({"n_timesteps", "n_envs", "normalize", "env_wrapper", "frame_stack", "env_kwargs", "policy"})
+ENV_KEYS = frozenset(
+    {"n_timesteps", "n_envs", "normalize", "env_wrapper", "frame_stack", "env_kwargs", "policy", "vec_env"}
+)
 #: Hyperparameters that are schedules: a number or ``lin_<initial value>``.
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 #: Module prefixes an ``env_wrapper`` class may be imported from.
 WRAPPER_MODULES = ("stable_baselines3.", "sb3_contrib.", "gymnasium.wrappers", "rl_zoo3.wrappers", "sb3_ppo_scale.")
 
-_ACTIVATIONS = ("ReLU", "Tanh", "ELU", "LeakyReLU", "SiLU", "GELU", "Sigmoid", "Identity", "Softplus", "Mish", "SELU")
 _OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "SGD", "Adamax")
 
 
@@ -49,7 +54,7 @@ def _safe_names() -> dict[str, Any]:
 
     names: dict[str, Any] = {}
     for prefix in ("nn", "th.nn", "torch.nn"):
-        names.update({f"{prefix}.{name}": getattr(th.nn, name) for name in _ACTIVATIONS})
+        names.update({f"{prefix}.{cls.__name__}": cls for cls in ACTIVATIONS.values()})
     for prefix in ("optim", "th.optim", "torch.optim"):
         names.update({f"{prefix}.{name}": getattr(th.optim, name) for name in _OPTIMIZERS})
     for cls in (RMSpropTFLike, NatureCNN, FlattenExtractor):
@@ -60,18 +65,6 @@ def _safe_names() -> dict[str, Any]:
 
 #: Dotted names a ``policy_kwargs`` string may mention (activations, optimizers, SB3 feature extractors).
 SAFE_NAMES: dict[str, Any] = _safe_names()
-
-
-def _model_keys() -> frozenset[str]:
-    params = inspect.signature(ScalablePPO.__init__).parameters
-    from stable_baselines3 import PPO
-
-    keys = set(params) | set(inspect.signature(PPO.__init__).parameters)
-    return frozenset(keys - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
-
-
-#: Constructor arguments of ScalablePPO (PPO's plus ``grad_accum_steps`` and ``buffer_device``).
-MODEL_KEYS = _model_keys()
 
 
 # ------------------------------------------------------------------------------------------- literal parsing
@@ -123,16 +116,6 @@ def parse_literal(text: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- schedules
-@dataclass(frozen=True)
-class LinearSchedule:
-    """Linear decay from ``initial_value`` (progress_remaining 1) to 0 (end of training), as the zoo's ``lin_<x>``."""
-
-    initial_value: float
-
-    def __call__(self, progress_remaining: float) -> float:
-        return progress_remaining * self.initial_value
-
-
 def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSchedule:
     """A number (constant) or ``"lin_<x>"`` (linear decay from x to 0); anything else raises ``ValueError``."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -160,6 +143,7 @@ class ZooConfig:
     :param env_id: Gymnasium env id.
     :param entry: name of the entry used (``env_id``, ``atari``, or either with ``@variant``).
     :param n_timesteps: training budget in env steps (all envs together).
+    :param vec_env: how the envs are vectorised, one of :data:`VEC_ENV_KINDS` (default ``dummy``).
     :param hyperparams: the entry as written (after overrides), JSON/YAML-serialisable; saved next to the model.
     :param model_kwargs: constructor arguments for the algorithm, parsed (schedules, policy_kwargs objects).
     """
@@ -175,6 +159,7 @@ class ZooConfig:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     hyperparams: dict[str, Any] = field(default_factory=dict)
+    vec_env: str = "dummy"
 
 
 def read_entries(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -260,7 +245,14 @@ def config_from_hyperparams(env_id: str, entry: str, raw: dict[str, Any], source
         env_kwargs=dict(raw.get("env_kwargs") or {}),
         model_kwargs=parse_model_kwargs({k: v for k, v in raw.items() if k not in ENV_KEYS}),
         hyperparams=raw,
+        vec_env=_vec_env_kind(raw.get("vec_env", "dummy"), entry),
     )
+
+
+def _vec_env_kind(value: Any, entry: str) -> str:
+    if value not in VEC_ENV_KINDS:
+        raise ValueError(f"vec_env in entry {entry!r} must be one of {VEC_ENV_KINDS}, got {value!r}")
+    return value
 
 
 def check_keys(raw: dict[str, Any], entry: str, path: str | Path) -> None:
@@ -279,7 +271,8 @@ def _positive_int(value: Any, key: str, entry: str) -> int:
 
 
 def parse_model_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
-    """Constructor arguments: schedules parsed, ``policy_kwargs`` / ``rollout_buffer_kwargs`` strings parsed safely."""
+    """Constructor arguments: schedules parsed, ``policy_kwargs`` / ``rollout_buffer_kwargs`` strings parsed safely,
+    an ``activation_fn`` given by name (``tanh``, see :data:`ACTIVATIONS`) replaced by its class."""
     kwargs = dict(raw)
     for key in SCHEDULE_KEYS:
         if key in kwargs and kwargs[key] is not None:
@@ -289,6 +282,9 @@ def parse_model_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
             kwargs[key] = parse_literal(kwargs[key])
         if key in kwargs and not isinstance(kwargs[key], dict):
             raise ValueError(f"{key} must be a mapping or a dict(...) string, got {kwargs[key]!r}")
+    if isinstance(kwargs.get("policy_kwargs", {}).get("activation_fn"), str):
+        kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"],
+                                   "activation_fn": activation(kwargs["policy_kwargs"]["activation_fn"])}
     return kwargs
 
 
@@ -359,21 +355,28 @@ def make_envs(
     """Build the vectorised env as the zoo does: Monitor, wrappers, VecNormalize, VecFrameStack, image transpose.
 
     :param n_envs: number of envs (default: the config's ``n_envs``).
+    :param seed: seed of the first env (env ``i`` gets ``seed + i``; None: random; EnvPool: 0).
     :param eval_env: VecNormalize neither updates its statistics nor normalises rewards (zoo convention).
-    :param vec_env_cls: DummyVecEnv (default) or SubprocVecEnv.
+    :param monitor_dir: folder for the Monitor CSVs (not with EnvPool, whose VecEnv records episodes itself).
+    :param vec_env_cls: DummyVecEnv or SubprocVecEnv; default: the config's ``vec_env`` (``dummy`` ->
+        DummyVecEnv, ``subproc`` -> SubprocVecEnv, ``envpool`` -> :func:`sb3_ppo_scale.envs.make_envpool_vec_env`).
     :param normalize_stats: a saved ``vecnormalize.pkl`` to load instead of fresh statistics.
     """
     _register_ale()
-    wrappers = config.env_wrappers
-    env = make_vec_env(
-        config.env_id,
-        n_envs=n_envs or config.n_envs,
-        seed=seed,
-        env_kwargs=config.env_kwargs,
-        monitor_dir=monitor_dir,
-        wrapper_class=(lambda e: _wrap(e, wrappers)) if wrappers else None,
-        vec_env_cls=vec_env_cls,
-    )
+    n_envs = n_envs or config.n_envs
+    if vec_env_cls is None and config.vec_env == "envpool":
+        env = _envpool_envs(config, n_envs, seed)
+    else:
+        wrappers = config.env_wrappers
+        env = make_vec_env(
+            config.env_id,
+            n_envs=n_envs,
+            seed=seed,
+            env_kwargs=config.env_kwargs,
+            monitor_dir=monitor_dir,
+            wrapper_class=(lambda e: _wrap(e, wrappers)) if wrappers else None,
+            vec_env_cls=vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv),
+        )
     if normalize_stats is not None:
         env = VecNormalize.load(str(normalize_stats), env)
         if eval_env:
@@ -383,12 +386,24 @@ def make_envs(
         if eval_env:
             kwargs.update(training=False, norm_reward=False)
         env = VecNormalize(env, **kwargs)
-    if config.frame_stack:
-        env = VecFrameStack(env, config.frame_stack)
+    if config.frame_stack and not (config.vec_env == "envpool" and vec_env_cls is None and is_atari(config.env_id)):
+        env = VecFrameStack(env, config.frame_stack)  # EnvPool's Atari envs already stack 4 frames
     space = env.observation_space
     if is_image_space(space) and not is_image_space_channels_first(space):  # type: ignore[arg-type]
         env = VecTransposeImage(env)
     return env
+
+
+def _envpool_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
+    """EnvPool's VecEnv for ``config`` (``vec_env: envpool``); ValueError if the extra is not installed."""
+    if config.env_wrappers:
+        raise ValueError(f"entry {config.entry!r}: env_wrapper cannot wrap EnvPool's envs (vec_env: envpool); "
+                         "drop env_wrapper or use vec_env dummy/subproc")
+    try:
+        from sb3_ppo_scale.envs import make_envpool_vec_env
+    except ImportError as error:
+        raise ValueError(f"vec_env 'envpool' needs EnvPool: pip install 'sb3-ppo-scale[envpool]' ({error})") from None
+    return make_envpool_vec_env(config.env_id, n_envs, 0 if seed is None else seed, **config.env_kwargs)
 
 
 def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwargs: Any) -> Any:
@@ -404,8 +419,3 @@ def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwar
             raise ValueError(f"{algo.__name__} does not take {extra} (entry {config.entry!r})")
     return algo(config.policy, env, **model_kwargs)
 
-
-if __name__ == "__main__":  # python -m sb3_ppo_scale.experiments.zoo --algo scalable_ppo --env ID -conf FILE [...]
-    from sb3_ppo_scale.experiments.rl_zoo import main
-
-    raise SystemExit(main())

@@ -7,29 +7,10 @@ from typing import Any
 
 import numpy as np
 import optuna
-import torch as th
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
-from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
 from sb3_ppo_scale.tuning.spec import ParamSpec, StudySpec, pow2_bounds
-
-ACTIVATION_FNS: dict[str, type[th.nn.Module]] = {
-    "tanh": th.nn.Tanh, "relu": th.nn.ReLU, "elu": th.nn.ELU, "leaky_relu": th.nn.LeakyReLU,
-}
-#: Seed offset of the evaluation env (different episodes from training, same for every trial).
-EVAL_SEED_OFFSET = 10_000
-
-
-def linear_schedule(initial: float) -> Callable[[float], float]:
-    """SB3 schedule decaying linearly from ``initial`` (progress_remaining 1) to 0 (progress_remaining 0)."""
-
-    def schedule(progress_remaining: float) -> float:
-        return progress_remaining * initial
-
-    return schedule
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
@@ -53,58 +34,14 @@ def decode_params(spec: StudySpec, optuna_params: dict[str, Any]) -> dict[str, A
     return values
 
 
-def ppo_kwargs(spec: StudySpec, values: dict[str, Any]) -> dict[str, Any]:
-    """ScalablePPO keyword arguments for one trial: the base config, the sampled values and their schedules."""
-    kwargs = {k: v for k, v in spec.base.items() if k not in ("n_envs", "normalize", "policy")}
-    if "policy_kwargs" in kwargs:
-        policy_kwargs = dict(kwargs["policy_kwargs"])
-        if "activation_fn" in policy_kwargs:
-            policy_kwargs["activation_fn"] = ACTIVATION_FNS[policy_kwargs["activation_fn"]]
-        kwargs["policy_kwargs"] = policy_kwargs
+def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any]) -> zoo.ZooConfig:
+    """One trial as a zoo config entry: the spec's base, the sampled values (``schedule: linear`` -> ``lin_<x>``)
+    and the spec's budget; envs and model are then built as for ``train`` (:mod:`sb3_ppo_scale.experiments.zoo`)."""
+    raw: dict[str, Any] = {"device": "cpu", **spec.base, "n_timesteps": spec.timesteps}
     schedules = {p.name: p.schedule for p in spec.space}
     for name, value in values.items():
-        kwargs[name] = linear_schedule(float(value)) if schedules[name] == "linear" else value
-    kwargs.setdefault("device", "cpu")
-    return kwargs
-
-
-class _EvalCallback(BaseCallback):
-    """Evaluates every ``eval_freq`` env steps (counted over all envs) and at the end; keeps the mean returns."""
-
-    def __init__(self, eval_env: VecEnv, spec: StudySpec, on_eval: Callable[[int, float], None] | None) -> None:
-        super().__init__()
-        self.eval_env, self.spec, self.on_eval = eval_env, spec, on_eval
-        self.returns: list[float] = []
-        self.last_eval_step = -1
-        self._next = spec.evaluation.eval_freq
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self._next:
-            self._next += self.spec.evaluation.eval_freq
-            self.evaluate()
-        return True
-
-    def evaluate(self) -> None:
-        if isinstance(self.training_env, VecNormalize):
-            sync_envs_normalization(self.training_env, self.eval_env)
-        episode_returns, _ = evaluate_policy(
-            self.model, self.eval_env, n_eval_episodes=self.spec.evaluation.n_episodes,
-            deterministic=self.spec.evaluation.deterministic, return_episode_rewards=True,
-        )
-        self.returns.append(float(np.mean(episode_returns)))
-        self.last_eval_step = self.num_timesteps
-        if self.on_eval is not None:
-            self.on_eval(self.num_timesteps, self.returns[-1])
-
-
-def _make_envs(spec: StudySpec, env_id: str, seed: int) -> tuple[VecEnv, VecEnv]:
-    env = make_vec_env(env_id, n_envs=spec.n_envs, seed=seed)
-    eval_env = make_vec_env(env_id, n_envs=1, seed=seed + EVAL_SEED_OFFSET)
-    if spec.base.get("normalize", False):
-        gamma = float(spec.base.get("gamma", 0.99))
-        env = VecNormalize(env, gamma=gamma)
-        eval_env = VecNormalize(eval_env, training=False, norm_reward=False, gamma=gamma)
-    return env, eval_env
+        raw[name] = f"lin_{float(value)!r}" if schedules[name] == "linear" else value
+    return zoo.config_from_hyperparams(env_id, spec.study_name(env_id), raw, source=str(spec.path or "<spec>"))
 
 
 def reduce_returns(returns: list[float], objective: str) -> float:
@@ -114,14 +51,20 @@ def reduce_returns(returns: list[float], objective: str) -> float:
 
 def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], seed: int,
                        on_eval: Callable[[int, float], None] | None = None) -> tuple[float, list[float]]:
-    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values``; returns (objective, eval returns)."""
-    env, eval_env = _make_envs(spec, env_id, seed)
+    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values``; returns (objective, eval returns).
+
+    Evaluations run every ``eval_freq`` steps and once more at the end if the last one did not see the final
+    policy; ``on_eval(timesteps, mean_return)`` is called after each.
+    """
+    config = trial_config(spec, env_id, values)
+    env = zoo.make_envs(config, seed=seed)
+    eval_env = zoo.make_envs(config, n_envs=1, seed=seed + EVAL_SEED_OFFSET, eval_env=True)
+    hook = None if on_eval is None else (lambda result: on_eval(result.timesteps, result.mean_return))
     try:
-        model = ScalablePPO(spec.base.get("policy", "MlpPolicy"), env, seed=seed, **ppo_kwargs(spec, values))
-        callback = _EvalCallback(eval_env, spec, on_eval)
-        model.learn(total_timesteps=spec.timesteps, callback=callback)
-        if callback.last_eval_step != model.num_timesteps:
-            callback.evaluate()  # the last evaluation always sees the fully trained policy
+        model = zoo.build_model(config, env, seed=seed)
+        callback = PeriodicEvalCallback(eval_env, spec.evaluation.eval_freq, spec.evaluation.n_episodes,
+                                        spec.evaluation.deterministic, on_eval=hook)
+        model.learn(total_timesteps=config.n_timesteps, callback=callback)
         return reduce_returns(callback.returns, spec.evaluation.objective), callback.returns
     finally:
         env.close()

@@ -12,7 +12,7 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
   the run = area under the evaluation curve / timesteps) or ``final`` (mean return of the last evaluation).
 - ``base``: fixed ScalablePPO arguments (``policy``, ``n_steps``, ``gamma``, ...), plus ``n_envs`` (default 1) and
   ``normalize`` (VecNormalize on observations and rewards, default false). ``policy_kwargs.activation_fn`` is a
-  name: tanh, relu, elu, leaky_relu.
+  name (tanh, relu, elu, leaky_relu, ...: :data:`sb3_ppo_scale.experiments.pipeline.ACTIVATIONS`).
 - ``space``: ScalablePPO argument -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
   ``schedule: linear`` (floats only) decays the value linearly to 0 over training.
 - ``sampler``: ``{name: random|sobol|tpe, seed}`` (default sobol for sensitivity, tpe for search);
@@ -24,7 +24,6 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,8 @@ from typing import Any
 import gymnasium as gym
 import yaml
 
-from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
+from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
             "sampler", "pruner", "n_trials", "storage", "output_dir"}
@@ -45,13 +45,12 @@ SAMPLERS = {"sensitivity": ("random", "sobol"), "search": ("tpe", "random", "sob
 PRUNERS = {"sensitivity": ("none",), "search": ("none", "median")}
 PARAM_TYPES = ("float", "int", "pow2", "categorical")
 SCHEDULES = ("constant", "linear")
-ACTIVATIONS = ("tanh", "relu", "elu", "leaky_relu")
+ACTIVATIONS = tuple(ACTIVATION_CLASSES)
 #: Base-config keys that are not ScalablePPO arguments.
 EXTRA_BASE_KEYS = {"n_envs", "normalize"}
 #: ScalablePPO arguments a spec may not set (the tuner owns them).
-RESERVED_ARGS = {"self", "env", "seed", "_init_setup_model", "args", "kwargs", "tensorboard_log"}
-PPO_ARGS = (set(inspect.signature(ScalablePPO.__init__).parameters)
-            | set(inspect.signature(ScalablePPO.__mro__[1].__init__).parameters)) - RESERVED_ARGS
+RESERVED_ARGS = {"seed", "tensorboard_log"}
+PPO_ARGS = (set(MODEL_KEYS) | {"policy"}) - RESERVED_ARGS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,186 @@
+"""The pieces every experiment shares: zoo configs, tuning trials and the learning benchmark use these, once.
+
+- :data:`ACTIVATIONS`: activation names a config may use (``tanh`` ... and the ``nn.<Class>`` names the zoo's
+  ``policy_kwargs`` strings use are derived from it);
+- :class:`LinearSchedule`: the zoo's ``lin_<x>`` schedule (a spec's ``schedule: linear``);
+- :data:`MODEL_KEYS`: ScalablePPO's constructor arguments (PPO's plus the ones ScalablePPO adds);
+- :data:`VEC_ENV_KINDS`: how envs are vectorised (``dummy``, ``subproc``, ``envpool``);
+- :data:`EVAL_SEED_OFFSET`: the evaluation env's seed is the run's seed plus this;
+- :class:`PeriodicEvalCallback`: deterministic evaluation every ``eval_freq`` env steps with frozen VecNormalize
+  statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``);
+- :data:`DEFAULT_THREADS` and :func:`set_threads`: torch's intra-op threads for small policies.
+
+:mod:`sb3_ppo_scale.experiments.zoo` turns a config into envs and a model with these.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
+
+from sb3_ppo_scale.core.ppo import ScalablePPO
+
+#: Seed offset of evaluation envs: different episodes from training, the same for every run with that seed.
+EVAL_SEED_OFFSET = 10_000
+
+#: torch intra-op threads the CLI uses unless ``--threads`` says otherwise. Measured by benchmarks/threads.py
+#: (results in benchmarks/results/threads.md): for the zoo's small MLPs one thread beats torch's default.
+DEFAULT_THREADS = 1
+
+#: How a config's envs are vectorised (the ``vec_env`` key, ``train --vec-env``).
+VEC_ENV_KINDS = ("dummy", "subproc", "envpool")
+
+#: Activation names -> classes. Configs name them in lower case (``tanh``); zoo ``policy_kwargs`` strings use the
+#: class names (``nn.Tanh``), see :data:`sb3_ppo_scale.experiments.zoo.SAFE_NAMES`.
+ACTIVATIONS: dict[str, type[th.nn.Module]] = {
+    "tanh": th.nn.Tanh, "relu": th.nn.ReLU, "elu": th.nn.ELU, "leaky_relu": th.nn.LeakyReLU, "silu": th.nn.SiLU,
+    "gelu": th.nn.GELU, "sigmoid": th.nn.Sigmoid, "identity": th.nn.Identity, "softplus": th.nn.Softplus,
+    "mish": th.nn.Mish, "selu": th.nn.SELU,
+}
+
+
+def activation(name: str) -> type[th.nn.Module]:
+    """The activation class for ``name`` (a key of :data:`ACTIVATIONS`); ValueError naming the allowed ones."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation_fn must be one of {tuple(ACTIVATIONS)}, got {name!r}")
+    return ACTIVATIONS[name]
+
+
+@dataclass(frozen=True)
+class LinearSchedule:
+    """Linear decay from ``initial_value`` (progress_remaining 1) to 0 (end of training), as the zoo's ``lin_<x>``."""
+
+    initial_value: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return progress_remaining * self.initial_value
+
+
+def _model_keys() -> frozenset[str]:
+    from stable_baselines3 import PPO
+
+    keys = set(inspect.signature(ScalablePPO.__init__).parameters) | set(inspect.signature(PPO.__init__).parameters)
+    return frozenset(keys - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
+
+
+#: Constructor arguments of ScalablePPO (PPO's plus those ScalablePPO adds), without ``policy`` and ``env``.
+MODEL_KEYS = _model_keys()
+
+
+def set_threads(threads: int) -> int:
+    """``torch.set_num_threads(threads)``; ValueError unless ``threads`` is an int >= 1. Returns ``threads``."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"--threads must be an int >= 1, got {threads!r}")
+    th.set_num_threads(threads)
+    return threads
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation: env steps trained so far, mean return and mean episode length over the episodes, and the
+    training time so far in wall-clock and process-CPU seconds (evaluation time excluded)."""
+
+    timesteps: int
+    mean_return: float
+    mean_length: float
+    train_s: float
+    cpu_s: float
+
+
+class PeriodicEvalCallback(BaseCallback):
+    """Evaluate every ``eval_freq`` env steps (counted over all envs) and, by default, once more at the end.
+
+    The evaluation env should be built with ``eval_env=True`` (:func:`sb3_ppo_scale.experiments.zoo.make_envs`):
+    its VecNormalize statistics are copied from the training env before each evaluation and never updated, and
+    rewards are not normalised. Each evaluation appends an :class:`Evaluation` to ``evaluations``.
+
+    :param eval_env: the evaluation env.
+    :param eval_freq: env steps between evaluations (> 0).
+    :param n_episodes: episodes per evaluation (default 5).
+    :param deterministic: deterministic actions (default True).
+    :param eval_at_start: also evaluate before the first step (the untrained policy; default False).
+    :param eval_at_end: evaluate after training unless the last evaluation saw the final policy (default True).
+    :param on_eval: called with each :class:`Evaluation` (e.g. to report to Optuna; may raise to stop training).
+    :param save_dir: if set, write ``evaluations.npz`` (SB3 EvalCallback's format: timesteps, results, ep_lengths)
+        and ``best_model.zip`` (the policy with the best mean return so far) into this folder.
+    """
+
+    def __init__(self, eval_env: VecEnv, eval_freq: int, n_episodes: int = 5, deterministic: bool = True,
+                 eval_at_start: bool = False, eval_at_end: bool = True,
+                 on_eval: Callable[[Evaluation], None] | None = None, save_dir: str | Path | None = None) -> None:
+        super().__init__()
+        if eval_freq < 1 or n_episodes < 1:
+            raise ValueError(f"eval_freq and n_episodes must be >= 1, got {eval_freq}, {n_episodes}")
+        self.eval_env, self.eval_freq, self.n_episodes = eval_env, eval_freq, n_episodes
+        self.deterministic, self.eval_at_start, self.eval_at_end = deterministic, eval_at_start, eval_at_end
+        self.on_eval, self.save_dir = on_eval, None if save_dir is None else Path(save_dir)
+        self.evaluations: list[Evaluation] = []
+        self._episodes: list[tuple[list[float], list[int]]] = []
+        self._next = eval_freq
+        self._excluded = self._cpu_excluded = 0.0
+        self._start = self._cpu_start = 0.0
+
+    @property
+    def returns(self) -> list[float]:
+        """Mean return of each evaluation so far."""
+        return [e.mean_return for e in self.evaluations]
+
+    def _on_training_start(self) -> None:
+        self._start, self._cpu_start = time.perf_counter(), time.process_time()
+        if self.eval_at_start:
+            self.evaluate()
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self._next:
+            self._next += self.eval_freq
+            self.evaluate()
+        return True
+
+    def _on_training_end(self) -> None:
+        if self.eval_at_end and (not self.evaluations or self.evaluations[-1].timesteps != self.num_timesteps):
+            self.evaluate()
+
+    def evaluate(self) -> Evaluation:
+        """Run ``n_episodes`` episodes now, record and return the result."""
+        paused, cpu_paused = time.perf_counter(), time.process_time()
+        training_env = self.model.get_env()
+        if isinstance(training_env, VecNormalize):
+            sync_envs_normalization(training_env, self.eval_env)
+        returns, lengths = evaluate_policy(self.model, self.eval_env, n_eval_episodes=self.n_episodes,
+                                           deterministic=self.deterministic, return_episode_rewards=True)
+        result = Evaluation(
+            timesteps=int(self.num_timesteps), mean_return=float(np.mean(returns)), mean_length=float(np.mean(lengths)),
+            train_s=paused - self._start - self._excluded, cpu_s=cpu_paused - self._cpu_start - self._cpu_excluded,
+        )
+        self.evaluations.append(result)
+        self._episodes.append((list(map(float, returns)), list(map(int, lengths))))
+        if self.save_dir is not None:
+            self._save(result)
+        self._excluded += time.perf_counter() - paused
+        self._cpu_excluded += time.process_time() - cpu_paused
+        if self.on_eval is not None:
+            self.on_eval(result)
+        return result
+
+    def _save(self, result: Evaluation) -> None:
+        assert self.save_dir is not None
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(self.save_dir / "evaluations.npz", timesteps=[e.timesteps for e in self.evaluations],
+                 results=[r for r, _ in self._episodes], ep_lengths=[n for _, n in self._episodes])
+        if result.mean_return >= max(self.returns):
+            self.model.save(self.save_dir / "best_model.zip")
+
+    def as_dicts(self) -> list[dict[str, float]]:
+        """The evaluations as plain dicts (for JSON)."""
+        return [asdict(e) for e in self.evaluations]
