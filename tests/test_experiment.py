@@ -15,6 +15,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import ScalablePPO, cli
 from sb3_ppo_scale.experiments import bench as bench_module, commands as experiment, rl_zoo as zoo_main, zoo
+from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, Evaluation, PeriodicEvalCallback
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,8 +46,8 @@ def test_train_writes_model_logs_and_evaluate_loads_them(tmp_path: Path, capsys:
     again = json.loads(_run(["evaluate", "--log-dir", str(run), "--episodes", "3", "--seed", "7"],
                             capsys).strip().splitlines()[-1])
     assert again["mean_return"] == first["mean_return"]  # same seed, deterministic policy: same episodes
-    with pytest.raises(FileNotFoundError, match="run folder"):
-        cli.main(["evaluate", "--log-dir", str(tmp_path / "missing")])
+    assert cli.main(["evaluate", "--log-dir", str(tmp_path / "missing")]) == 2  # a user's mistake: one line, exit 2
+    assert "run folder" in capsys.readouterr().err
 
 
 def test_train_with_normalize_saves_and_reloads_statistics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,6 +66,34 @@ def test_train_with_normalize_saves_and_reloads_statistics(tmp_path: Path, capsy
     np.testing.assert_array_equal(env.obs_rms.mean, saved.obs_rms.mean)
     result = json.loads((run / "final_eval.json").read_text())
     assert result["mean_length"] == 200 and -2000 < result["mean_return"] < 0
+
+
+def test_periodic_eval_callback_records_with_frozen_statistics(tmp_path: Path) -> None:
+    config = zoo.load_config(None, "Pendulum-v1", None, {"normalize": True, "n_envs": 2, "n_steps": 64})
+    env = zoo.make_envs(config, seed=0)
+    eval_env = zoo.make_envs(config, n_envs=1, seed=EVAL_SEED_OFFSET, eval_env=True)
+    seen: list[Evaluation] = []
+    callback = PeriodicEvalCallback(eval_env, eval_freq=128, n_episodes=2, on_eval=seen.append, save_dir=tmp_path)
+    model = zoo.build_model(config, env, seed=0, device="cpu")
+    model.learn(total_timesteps=300, callback=callback)
+    # every 128 steps (counted over both envs), plus once after training (the last rollout ends at 384 steps)
+    assert [e.timesteps for e in callback.evaluations] == [128, 256, 384] and seen == callback.evaluations
+    assert all(e.mean_length == 200 and -2000 < e.mean_return < 0 for e in callback.evaluations)
+    assert callback.returns == [e.mean_return for e in callback.evaluations]
+    assert all(0 < a.train_s <= b.train_s for a, b in zip(callback.evaluations, callback.evaluations[1:]))
+    assert not eval_env.training and not eval_env.norm_reward  # statistics frozen, returns unnormalised
+    np.testing.assert_array_equal(eval_env.obs_rms.mean, env.obs_rms.mean)  # copied before the last evaluation
+    saved = np.load(tmp_path / "evaluations.npz")
+    assert saved["timesteps"].tolist() == [128, 256, 384] and saved["results"].shape == (3, 2)
+    assert (tmp_path / "best_model.zip").is_file()
+    again = PeriodicEvalCallback(eval_env, eval_freq=128, n_episodes=2)
+    again.init_callback(model)
+    eval_env.seed(EVAL_SEED_OFFSET)
+    first = again.evaluate().mean_return
+    eval_env.seed(EVAL_SEED_OFFSET)
+    assert again.evaluate().mean_return == first  # deterministic actions, same episodes
+    with pytest.raises(ValueError, match="eval_freq and n_episodes must be >= 1"):
+        PeriodicEvalCallback(eval_env, eval_freq=0)
 
 
 def test_rl_zoo3_route_trains_cartpole(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 """``sb3-ppo-scale train``, ``evaluate`` and ``bench``: zoo-style experiments with ScalablePPO.
 
-``train`` writes into its run folder (``--log-dir``, default ``logs/<entry>_seed<seed>``):
+``train`` writes into its run folder (``--log-dir``, default ``logs/<entry>_seed<seed>``), created once the model
+is built (a run that fails before training leaves no folder behind):
 
 - ``model.zip``          the trained ScalablePPO model
 - ``vecnormalize.pkl``   VecNormalize statistics (only when the entry normalises)
-- ``config.yml``         env id, entry, seed and the hyperparameters used (after ``--set`` overrides)
+- ``config.yml``         env id, entry, seed, the run's budget (``n_timesteps``), torch threads, evaluation
+                         settings and the hyperparameters used (after ``--set`` overrides; their ``n_timesteps`` is
+                         the run's budget too)
 - ``tensorboard/``       TensorBoard logs
 - ``monitor/``           per-env episode monitor CSVs
-- ``evaluations.npz``    periodic evaluations (SB3 EvalCallback format) and ``best_model.zip``
+- ``evaluations.npz``    periodic evaluations (SB3 EvalCallback format) and ``best_model.zip``; only when at least
+                         one evaluation ran (``--n-timesteps`` >= ``--eval-freq`` > 0)
 - ``final_eval.json``    the evaluation after training
 
 ``evaluate`` rebuilds the env from ``config.yml``, loads the model and statistics and reports the mean return.
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,10 @@ import numpy as np
 import yaml
 
 from sb3_ppo_scale.experiments import bench as bench_module
+from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, set_threads
+
+#: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
+FINAL_EVAL_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
 
 
 def register(subparsers: Any) -> None:
@@ -35,16 +45,27 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=lambda args: bench_module.main(args, command="sb3-ppo-scale bench"))
 
 
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's intra-op threads (default :data:`DEFAULT_THREADS`, measured for small MLPs)."""
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                        help=f"torch threads (default {DEFAULT_THREADS}: fastest for small MLPs, see "
+                             "benchmarks/results/threads.md; raise it for CNNs or large networks)")
+
+
 # ------------------------------------------------------------------------------------------------ train
 def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="Gymnasium env id, e.g. HalfCheetah-v5 or PongNoFrameskip-v4")
-    parser.add_argument("--config", default=None, help="zoo-style YAML (default: hyperparams/scalable_ppo.yml)")
+    parser.add_argument("--config", default=None, help="zoo-style YAML (default: the package's configs/scalable_ppo.yml)")
     parser.add_argument("--variant", default=None, help="use the entry <env>@<variant>, e.g. gpu or cpu")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one hyperparameter (repeatable), e.g. --set n_envs=4 --set learning_rate=lin_1e-3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="torch device for the policy (default auto)")
     parser.add_argument("--n-timesteps", type=int, default=None, help="env steps (default: the entry's n_timesteps)")
+    parser.add_argument("--vec-env", choices=VEC_ENV_KINDS, default=None,
+                        help="how envs are vectorised (default: the entry's vec_env, else dummy); envpool needs "
+                             "pip install 'sb3-ppo-scale[envpool]'")
+    add_threads_argument(parser)
     parser.add_argument("--log-dir", default=None, help="run folder (default logs/<entry>_seed<seed>)")
     parser.add_argument("--eval-freq", type=int, default=10_000, help="env steps between evaluations (0: none)")
     parser.add_argument("--eval-episodes", type=int, default=5)
@@ -55,42 +76,86 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
 
 def train(args: argparse.Namespace) -> int:
     """Train as the entry says; writes the run folder described in the module docstring. Returns 0."""
-    from stable_baselines3.common.callbacks import EvalCallback
-
     from sb3_ppo_scale.experiments import zoo
 
-    config = zoo.load_config(args.config, args.env, args.variant, zoo.parse_overrides(args.overrides))
+    set_threads(args.threads)
+    for name in ("eval_freq", "eval_episodes"):
+        if getattr(args, name) < (0 if name == "eval_freq" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'eval_freq' else 1}, "
+                             f"got {getattr(args, name)}")
+    overrides = zoo.parse_overrides(args.overrides)
+    if args.vec_env is not None:
+        overrides["vec_env"] = args.vec_env
+    config = zoo.load_config(args.config, args.env, args.variant, overrides)
     n_timesteps = config.n_timesteps if args.n_timesteps is None else args.n_timesteps
     if n_timesteps < 1:
         raise ValueError(f"--n-timesteps must be >= 1, got {n_timesteps}")
+    if 0 < n_timesteps < args.eval_freq:
+        print(f"warning: --n-timesteps {n_timesteps} < --eval-freq {args.eval_freq}: no evaluation will run during "
+              "training, so no best_model.zip or evaluations.npz (final_eval.json is still written); lower "
+              "--eval-freq to evaluate", file=sys.stderr)
     run_dir = Path(args.log_dir or Path("logs") / f"{config.entry.replace('/', '_')}_seed{args.seed}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _write_run_config(run_dir, config, args, n_timesteps)
-    env = zoo.make_envs(config, seed=args.seed, monitor_dir=str(run_dir / "monitor"))
-    model = zoo.build_model(config, env, seed=args.seed, device=args.device, verbose=args.verbose,
-                            tensorboard_log=str(run_dir / "tensorboard"))
-    callback = None
-    if args.eval_freq > 0:
-        eval_env = zoo.make_envs(config, n_envs=1, seed=args.seed + 10_000, eval_env=True)
-        callback = EvalCallback(eval_env, eval_freq=max(args.eval_freq // config.n_envs, 1),
-                                n_eval_episodes=args.eval_episodes, log_path=str(run_dir),
-                                best_model_save_path=str(run_dir), verbose=args.verbose)
+    model, callback = _build_run(config, args, run_dir, n_timesteps)
     model.learn(total_timesteps=n_timesteps, callback=callback, progress_bar=not args.no_progress,
                 tb_log_name="ScalablePPO")
     model.save(run_dir / "model.zip")
     vec_normalize = model.get_vec_normalize_env()
     if vec_normalize is not None:
         vec_normalize.save(str(run_dir / "vecnormalize.pkl"))
-    result = _evaluate_run(run_dir, args.eval_episodes, args.device, deterministic=True, seed=args.seed + 20_000)
+    result = _evaluate_run(run_dir, args.eval_episodes, args.device, deterministic=True,
+                           seed=args.seed + FINAL_EVAL_SEED_OFFSET)
     (run_dir / "final_eval.json").write_text(json.dumps(result, indent=1))
     print(f"saved {run_dir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
           f"over {result['episodes']} episodes")
     return 0
 
 
+def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps: int) -> tuple[Any, Any]:
+    """Envs, model, evaluation callback and ``config.yml`` of a run; the run folder is removed again (if this
+    created it) when any of them fails."""
+    from sb3_ppo_scale.experiments import zoo
+    from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
+
+    created = not run_dir.exists()
+    try:
+        env = zoo.make_envs(config, seed=args.seed, monitor_dir=str(run_dir / "monitor"))
+        model = zoo.build_model(config, env, seed=args.seed, device=args.device, verbose=args.verbose,
+                                tensorboard_log=str(run_dir / "tensorboard"))
+        callback = None
+        if args.eval_freq > 0:
+            eval_env = zoo.make_envs(config, n_envs=1, seed=args.seed + EVAL_SEED_OFFSET, eval_env=True,
+                                     vec_env_cls=_evaluation_vec_env(config))
+            callback = PeriodicEvalCallback(eval_env, args.eval_freq, args.eval_episodes, eval_at_end=False,
+                                            on_eval=_print_evaluation if args.verbose else None, save_dir=run_dir)
+        _write_run_config(run_dir, config, args, n_timesteps)
+    except BaseException:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return model, callback
+
+
+def _print_evaluation(result: Any) -> None:
+    print(f"eval at {result.timesteps} steps: mean return {result.mean_return:.2f}, "
+          f"mean episode length {result.mean_length:.1f}", flush=True)
+
+
+def _evaluation_vec_env(config: Any) -> type | None:
+    """One evaluation env needs no subprocess; EnvPool envs stay EnvPool (their observations differ)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    return DummyVecEnv if config.vec_env == "subproc" else None
+
+
 def _write_run_config(run_dir: Path, config: Any, args: argparse.Namespace, n_timesteps: int) -> None:
+    from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
+
+    run_dir.mkdir(parents=True, exist_ok=True)
     saved = {"env_id": config.env_id, "entry": config.entry, "seed": args.seed, "n_timesteps": n_timesteps,
-             "config_file": str(args.config or "hyperparams/scalable_ppo.yml"), "hyperparams": config.hyperparams}
+             "threads": args.threads, "vec_env": config.vec_env, "device": args.device,
+             "eval_freq": args.eval_freq, "eval_episodes": args.eval_episodes,
+             "config_file": str(args.config or DEFAULT_CONFIG),
+             "hyperparams": {**config.hyperparams, "n_timesteps": n_timesteps}}
     (run_dir / "config.yml").write_text(yaml.safe_dump(saved, sort_keys=False))
 
 
@@ -102,11 +167,13 @@ def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation env")
     parser.add_argument("--stochastic", action="store_true", help="sample actions (default: deterministic)")
     parser.add_argument("--best", action="store_true", help="load best_model.zip instead of model.zip")
+    add_threads_argument(parser)
     parser.set_defaults(func=evaluate)
 
 
 def evaluate(args: argparse.Namespace) -> int:
     """Print the mean return of a trained run (and a JSON line with it); returns 0."""
+    set_threads(args.threads)
     if args.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     result = _evaluate_run(Path(args.log_dir), args.episodes, args.device, not args.stochastic, args.seed,
@@ -124,13 +191,12 @@ def _evaluate_run(run_dir: Path, episodes: int, device: str, deterministic: bool
     from sb3_ppo_scale import ScalablePPO
     from sb3_ppo_scale.experiments import zoo
 
-    for name in ("config.yml", model_name):
-        if not (run_dir / name).exists():
-            raise FileNotFoundError(f"{run_dir / name} not found: --log-dir must be a run folder written by train")
-    saved = yaml.safe_load((run_dir / "config.yml").read_text())
+    saved = _read_run_config(run_dir)
+    if not (run_dir / model_name).exists():
+        raise FileNotFoundError(_missing_model(run_dir, model_name, saved))
     config = zoo.config_from_hyperparams(saved["env_id"], saved["entry"], saved["hyperparams"], str(run_dir))
     stats = run_dir / "vecnormalize.pkl"
-    env = zoo.make_envs(config, n_envs=1, seed=seed, eval_env=True,
+    env = zoo.make_envs(config, n_envs=1, seed=seed, eval_env=True, vec_env_cls=_evaluation_vec_env(config),
                         normalize_stats=stats if stats.exists() else None)
     model = ScalablePPO.load(run_dir / model_name, device=device)  # no env: n_envs of the run is kept
     returns, lengths = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=deterministic,
@@ -139,3 +205,23 @@ def _evaluate_run(run_dir: Path, episodes: int, device: str, deterministic: bool
     return {"env_id": config.env_id, "entry": config.entry, "model": model_name, "episodes": len(returns),
             "mean_return": float(np.mean(returns)), "std_return": float(np.std(returns)),
             "mean_length": float(np.mean(lengths)), "deterministic": deterministic}
+
+
+def _read_run_config(run_dir: Path) -> dict[str, Any]:
+    """``config.yml`` of a run folder; FileNotFoundError saying what a run folder is."""
+    if not (run_dir / "config.yml").is_file():
+        raise FileNotFoundError(f"{run_dir / 'config.yml'} not found: --log-dir must be a run folder written by "
+                                "sb3-ppo-scale train")
+    return yaml.safe_load((run_dir / "config.yml").read_text())
+
+
+def _missing_model(run_dir: Path, model_name: str, saved: dict[str, Any]) -> str:
+    """Why ``model_name`` is absent from a run folder."""
+    if model_name != "best_model.zip":
+        return f"{run_dir / model_name} not found: the run in {run_dir} did not finish training"
+    eval_freq, budget = saved.get("eval_freq"), saved.get("n_timesteps")
+    why = ("no evaluation ran during training" if eval_freq is None
+           else f"training ran {budget} steps with --eval-freq {eval_freq}, so no evaluation ran" if eval_freq
+           else "training ran with --eval-freq 0 (no evaluations)")
+    return (f"no best_model.zip in {run_dir}: train saves it at each evaluation and {why}; evaluate the final "
+            "model (drop --best) or train with --eval-freq below --n-timesteps")

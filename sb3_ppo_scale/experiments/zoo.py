@@ -195,6 +195,15 @@ def entry_name(entries: dict[str, Any], env_id: str, variant: str | None = None)
     raise ValueError(f"no entry {env_id + suffix!r} (or 'atari{suffix}' for Atari games); entries: {sorted(entries)}")
 
 
+def check_env_id(env_id: str) -> None:
+    """ValueError naming ``env_id`` (and Gymnasium's suggestion) unless Gymnasium knows it."""
+    _register_ale()
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as error:
+        raise ValueError(f"unknown env id {env_id!r}: {error}") from None
+
+
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
     """``["key=value", ...]`` -> dict; values are read as YAML scalars (``1e-3`` and ``lin_3e-4`` work)."""
     overrides: dict[str, Any] = {}
@@ -221,7 +230,11 @@ def load_config(
     """
     path = DEFAULT_CONFIG if path is None else Path(path)
     entries = read_entries(path)
-    name = entry_name(entries, env_id, variant)
+    try:
+        name = entry_name(entries, env_id, variant)
+    except ValueError:
+        check_env_id(env_id)  # an unknown env id is the likelier mistake: say that first
+        raise
     raw = copy.deepcopy(entries[name])
     raw.update(overrides or {})
     return config_from_hyperparams(env_id, name, raw, source=str(path))
@@ -401,9 +414,10 @@ def _envpool_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
                          "drop env_wrapper or use vec_env dummy/subproc")
     try:
         from sb3_ppo_scale.envs import make_envpool_vec_env
+
+        return make_envpool_vec_env(config.env_id, n_envs, 0 if seed is None else seed, **config.env_kwargs)
     except ImportError as error:
         raise ValueError(f"vec_env 'envpool' needs EnvPool: pip install 'sb3-ppo-scale[envpool]' ({error})") from None
-    return make_envpool_vec_env(config.env_id, n_envs, 0 if seed is None else seed, **config.env_kwargs)
 
 
 def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwargs: Any) -> Any:
