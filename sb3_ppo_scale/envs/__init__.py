@@ -5,6 +5,15 @@ works without it, building an env raises ImportError naming the extra.
 """
 
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv, make_envpool_vec_env
+from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
 from sb3_ppo_scale.envs.tasks import ATARI_SB3_SETTINGS, ENVPOOL_EXTRA_HINT, resolve_task
 
-__all__ = ["ATARI_SB3_SETTINGS", "ENVPOOL_EXTRA_HINT", "EnvPoolVecEnv", "make_envpool_vec_env", "resolve_task"]
+__all__ = [
+    "ATARI_SB3_SETTINGS",
+    "ENVPOOL_EXTRA_HINT",
+    "EnvPoolVecEnv",
+    "collect_rollouts_overlapped",
+    "make_envpool_vec_env",
+    "overlap_supported",
+    "resolve_task",
+]
