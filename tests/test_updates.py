@@ -1,37 +1,99 @@
-"""The update runners' CPU-testable parts: eager stop logic, distribution validation, the optimizer's capturable
-round trip (the CUDA-graph path itself is covered by tests/test_cuda.py on a GPU)."""
+"""The update step's CPU-testable parts: the target_kl stop, the reducer arithmetic data-parallel training relies on,
+distribution validation, the optimizer's capturable round trip and the CUDA-graph key (the graph path itself is
+covered by tests/test_cuda.py on a GPU)."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch as th
 from torch.distributions import Distribution
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core.updates import (
-    EagerUpdate,
+from sb3_ppo_scale.core.graphs import (
+    CudaGraphStep,
+    GraphCache,
     _adopt_step_counters,
     _make_capturable,
     _restore_non_capturable,
-    distribution_validation,
 )
+from sb3_ppo_scale.core.guard import NonFiniteGuard
+from sb3_ppo_scale.core.objectives import AdvantageNormalizer
+from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
 
 
-def test_eager_update_skips_the_step_when_told_to_stop() -> None:
-    calls: list[str] = []
-    stats = th.tensor([1.0])
+def _model_with_rollout(**kwargs) -> ScalablePPO:
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32, n_epochs=1, device="cpu", seed=0, **kwargs)
+    model.learn(64)
+    return model
 
-    def gradients(batch):
-        calls.append("gradients")
-        return stats
 
-    update = EagerUpdate(gradients, lambda: calls.append("apply"), should_stop=lambda s: bool(s[0] > 0.5))
-    assert update(None) == (stats, False)  # type: ignore[arg-type]
-    assert calls == ["gradients"]
-    update = EagerUpdate(gradients, lambda: calls.append("apply"), should_stop=lambda s: False)
-    assert update(None) == (stats, True)  # type: ignore[arg-type]
-    assert calls == ["gradients", "gradients", "apply"]
+def _step(model: ScalablePPO, target_kl: float | None = None, reducer=None) -> UpdateStep:
+    settings = StepSettings(model.max_grad_norm, model.normalize_advantage, target_kl)
+    guard = NonFiniteGuard("skip", model.device)
+    extra = {} if reducer is None else dict(reducer=reducer)
+    return UpdateStep(model.policy, model._loss, model._loss_settings(), settings, guard, **extra)
+
+
+def _params(model: ScalablePPO) -> list[th.Tensor]:
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+def test_step_stops_before_the_optimizer_step_when_kl_exceeds_the_target() -> None:
+    model = _model_with_rollout()
+    batch = next(iter(MinibatchLoader(model._stage_rollout(), 32, shuffle=False)))
+    with th.no_grad():  # move the policy away from the rollout policy: approx KL > 0
+        for p in model.policy.parameters():
+            p.add_(0.05 * th.randn_like(p))
+    before, steps_before = _params(model), len(model.policy.optimizer.state)
+    stats, stepped = _step(model, target_kl=1e-9)(batch)
+    assert not stepped and float(stats[4]) > 1.5e-9
+    assert all(th.equal(a, b) for a, b in zip(before, _params(model)))  # no optimizer step
+    stats, stepped = _step(model, target_kl=None)(batch)
+    assert stepped and not all(th.equal(a, b) for a, b in zip(before, _params(model)))
+    assert len(model.policy.optimizer.state) == len(before) >= steps_before  # Adam state for every parameter
+
+
+class TwinRanks:
+    """Two data-parallel ranks that hold the same data, simulated in one process: a sum over ranks doubles."""
+
+    world_size = 2
+
+    def sum_(self, tensor: th.Tensor) -> th.Tensor:
+        return tensor.mul_(2)
+
+    def sum_gradients(self, parameters) -> None:
+        for p in parameters:
+            p.grad.mul_(2)
+
+
+def test_reducer_shares_make_the_union_update_equal_the_local_one() -> None:
+    """Shares are relative to the global minibatch (2N): summed over two ranks that hold the same N samples, the
+    gradient and the stats are those of one process training on the union (the N samples twice), with
+    advantages normalised by the union's mean and unbiased std from all-reduced moments."""
+    single, twin = _model_with_rollout(), _model_with_rollout()
+    twin_batch = next(iter(MinibatchLoader(twin._stage_rollout(), 32, shuffle=False)))
+    batch = next(iter(MinibatchLoader(single._stage_rollout(), 32, shuffle=False)))
+    batch.indices = th.cat([batch.indices, batch.indices])  # the union of both ranks' minibatches
+    single_stats = _step(single).gradients(batch)
+    twin_stats = _step(twin, reducer=TwinRanks()).gradients(twin_batch)
+    # float64 moments vs float32 torch.mean/std, and another summation order: float32 rounding only
+    th.testing.assert_close(twin_stats, single_stats, rtol=1e-5, atol=1e-6)
+    for a, b in zip(single.policy.parameters(), twin.policy.parameters()):
+        th.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+        assert a.grad.abs().max() > 0
+
+
+def test_advantage_moments_equal_torch_mean_and_unbiased_std() -> None:
+    advantages = th.randn(1000, generator=th.Generator().manual_seed(0)) * 3 + 1
+    fitted = AdvantageNormalizer.fit(advantages, True)
+    a64 = advantages.double()
+    merged = AdvantageNormalizer.from_moments(float(a64.sum()), float((a64 * a64).sum()), 1000, True, advantages)
+    th.testing.assert_close(merged(advantages), fitted(advantages), rtol=0, atol=1e-6)
+    assert AdvantageNormalizer.from_moments(1.0, 1.0, 1, True, advantages).mean is None  # one sample: no normalising
+    assert np.isclose(float(merged.std), float(advantages.std()), rtol=1e-6)
 
 
 def test_distribution_validation_is_off_in_train_and_restored_after() -> None:
@@ -91,23 +153,19 @@ def test_adopt_step_counters_records_device_counters() -> None:
 def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
     """The cache key (pure Python, checked here on the CPU) must change with the lr, the loss settings and the
     optimizer state's storage, and stay equal when nothing changed."""
-    from sb3_ppo_scale.core.updates import CudaGraphUpdate, GraphCache
-
-    model = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=32, n_epochs=1, device="cpu", seed=0)
-    model.learn(64)
-    batch = next(iter(model._make_loader(model._stage_rollout())))
+    model = _model_with_rollout()
+    batch = next(iter(MinibatchLoader(model._stage_rollout(), 32)))
     optimizer = model.policy.optimizer
 
-    def key(config: tuple = ("settings", 0.5)) -> tuple:
-        update = CudaGraphUpdate(lambda b: th.zeros(1), lambda: None, lambda s: False, optimizer, 32, 2,
-                                 GraphCache(), config)
-        value = update.key(batch)
-        update.close()
+    def key(target_kl: float | None = None):
+        graphed = CudaGraphStep(_step(model, target_kl), 32, 2, GraphCache())
+        value = graphed.key(batch)
+        graphed.close()
         return value
 
     first = key()
     assert key() == first
-    assert key(("settings", 0.7)) != first
+    assert key(0.5) != first
     optimizer.param_groups[0]["lr"] = 1e-3
     changed_lr = key()
     assert changed_lr != first

@@ -59,7 +59,7 @@ from sb3_ppo_scale.core.sampling import uniform_order
 PRIORITIES = ("reward", "return", "advantage", "abs_advantage")
 _OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-_FIELDS = ("observations", "actions", "old_values", "old_log_prob", "advantages", "returns")
+_FIELDS = DeviceRollout.SAMPLE_FIELDS
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -168,7 +168,7 @@ class PrioritySampler:
         any_pick = th.randint(self.size, (n,), device=self.device)
         return th.where(from_high, high_pick, any_pick), from_high
 
-    def epoch_order(self, n: int) -> th.Tensor | np.ndarray:
+    def epoch_order(self, n: int) -> th.Tensor:
         """One epoch's sample order: SB3's permutation when uniform, else ``n`` prioritized draws."""
         if self.uniform:
             return uniform_order(n)
@@ -291,7 +291,7 @@ class PrioritizedRolloutBuffer(RolloutBuffer):
             "and importance weights; SB3's PPO would silently sample uniformly"
         )
 
-    # ---------------------------------------------------------------------------- hooks used by ScalablePPO
+    # ---------------------------------------------------------------------------- RolloutHooks (used by ScalablePPO)
     def prepare_rollout(self, rollout: DeviceRollout) -> DeviceRollout:
         """Add retained samples and importance weights to the staged current rollout; set up this update's sampler."""
         current = {name: getattr(rollout, name) for name in _FIELDS}
@@ -312,7 +312,7 @@ class PrioritizedRolloutBuffer(RolloutBuffer):
         }
         return dataclasses.replace(rollout, **{name: pool[name] for name in _FIELDS}, weights=weights)
 
-    def epoch_order(self, n: int) -> th.Tensor | np.ndarray:
+    def epoch_order(self, n: int) -> th.Tensor:
         """The order for one epoch over the prepared pool (``n`` = pool size)."""
         if self.sampler is None or n != self.sampler.size:
             raise RuntimeError("epoch_order() needs prepare_rollout() on a pool of the same size first")

@@ -1,4 +1,5 @@
-"""Construction-time validation of ScalablePPO's arguments: clear errors naming the argument and what is allowed."""
+"""Checks of single arguments, used by :class:`~sb3_ppo_scale.core.config.ScaleConfig`: clear errors naming the
+argument and what is allowed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import shutil
 import torch as th
 
 
+#: what ``buffer_device`` may be (one text for every message about it)
+BUFFER_DEVICES = "'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps' or a torch.device of those types"
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_batching(batch_size: object, grad_accum_steps: object, normalize_advantage: bool) -> None:
@@ -48,7 +58,7 @@ def resolve_buffer_device(buffer_device: object, policy_device: th.device) -> th
         device = th.device(buffer_device)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
         raise ValueError(
-            f"buffer_device must be 'auto', 'cpu', 'cuda', 'cuda:<index>' or a torch.device, got {buffer_device!r}"
+            f"buffer_device must be {BUFFER_DEVICES}, got {buffer_device!r}"
         ) from error
     if device.type == "cuda":
         if not th.cuda.is_available():
@@ -62,37 +72,8 @@ def resolve_buffer_device(buffer_device: object, policy_device: th.device) -> th
     elif device.type == "mps" and not th.backends.mps.is_available():
         raise ValueError(f"buffer_device={buffer_device!r} but MPS is not available here; use 'auto' or 'cpu'")
     elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"buffer_device must be 'auto', 'cpu', 'cuda[:index]' or 'mps', got {buffer_device!r}")
+        raise ValueError(f"buffer_device must be {BUFFER_DEVICES}, got {buffer_device!r}")
     return device
-
-
-def check_kl_penalty(
-    objective: object,
-    kl_coef: object,
-    kl_penalty_target: object,
-    kl_adapt_factor: object,
-    kl_adapt_tolerance: object,
-    objectives: tuple[str, ...],
-    coef_bounds: tuple[float, float],
-) -> None:
-    """The KL-penalty arguments: a known objective, beta >= 0 within bounds, a positive target, factor > 1, tolerance >= 1."""
-    if objective not in objectives:
-        raise ValueError(f"objective must be one of {', '.join(map(repr, objectives))}, got {objective!r}")
-    low, high = coef_bounds
-    if not isinstance(kl_coef, (int, float)) or isinstance(kl_coef, bool) or not (kl_coef == 0 or low <= kl_coef <= high):
-        raise ValueError(f"kl_coef must be 0 or a number in [{low:g}, {high:g}], got {kl_coef!r}")
-    if kl_penalty_target is not None:
-        if not isinstance(kl_penalty_target, (int, float)) or isinstance(kl_penalty_target, bool) or kl_penalty_target <= 0:
-            raise ValueError(f"kl_penalty_target must be a number > 0, or None for a fixed kl_coef, got {kl_penalty_target!r}")
-        if kl_coef == 0 and objective != "clip":
-            raise ValueError(
-                "kl_coef must be > 0 when kl_penalty_target is set (an adaptive beta of 0 can never grow); "
-                "pass kl_penalty_target=None to keep beta fixed at 0"
-            )
-    if not isinstance(kl_adapt_factor, (int, float)) or isinstance(kl_adapt_factor, bool) or kl_adapt_factor <= 1:
-        raise ValueError(f"kl_adapt_factor must be a number > 1, got {kl_adapt_factor!r}")
-    if not isinstance(kl_adapt_tolerance, (int, float)) or isinstance(kl_adapt_tolerance, bool) or kl_adapt_tolerance < 1:
-        raise ValueError(f"kl_adapt_tolerance must be a number >= 1, got {kl_adapt_tolerance!r}")
 
 
 def check_cuda_graphs(cuda_graphs: object, policy_device: th.device, buffer_device: th.device, optimizer: object) -> None:

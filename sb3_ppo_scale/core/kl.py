@@ -158,3 +158,20 @@ class AdaptiveKLCoefficient:
             beta *= self.factor
         low, high = KL_COEF_BOUNDS
         return min(max(beta, low), high)
+
+
+class KLCoefficient:
+    """The KL-penalty coefficient beta of a KL objective: its current value and the rule that adapts it.
+
+    :param value: the initial beta (``ScalablePPO(kl_coef=...)``).
+    :param rule: how beta moves after each update (default: fixed).
+    """
+
+    def __init__(self, value: float, rule: AdaptiveKLCoefficient | None = None) -> None:
+        self.value = float(value)
+        self.rule = AdaptiveKLCoefficient(None) if rule is None else rule
+
+    def adapt(self, measured_kl: float) -> float:
+        """Move beta by the rule, given the mean KL(pi_old || pi) measured after the update; returns the new beta."""
+        self.value = self.rule.update(self.value, measured_kl)
+        return self.value

@@ -1,31 +1,111 @@
-"""PPO loss terms for one micro-batch, and the per-train() statistics kept on the device.
+"""PPO objectives as small objects, the loss of one micro-batch, and the per-train() statistics on the device.
 
-Three objectives (``LossSettings.objective``):
+Three objectives, each an :class:`Objective` that says which terms it has and what they need:
 
-- ``"clip"``: SB3 PPO's clipped surrogate, ``-min(r * A, clip(r, 1 - eps, 1 + eps) * A)``;
-- ``"kl_penalty"``: PPO-Penalty, ``-(r * A) + beta * KL(pi_old || pi)``, no clipping;
-- ``"clip_kl_penalty"``: both terms, as RLlib does.
+- :class:`ClipObjective` (``"clip"``): SB3 PPO's clipped surrogate, ``-min(r * A, clip(r, 1 - eps, 1 + eps) * A)``;
+- :class:`KLPenaltyObjective` (``"kl_penalty"``): PPO-Penalty, ``-(r * A) + beta * KL(pi_old || pi)``, no
+  clipping; it owns beta (a :class:`~sb3_ppo_scale.core.kl.KLCoefficient`: the adaptive rule, its state, save
+  and load);
+- :class:`ClipKLPenaltyObjective` (``"clip_kl_penalty"``): both terms, as RLlib does.
 
-Every per-sample term (surrogate, value, entropy, KL penalty) is averaged with optional per-sample ``weights``
-(importance correction of a prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
+:func:`make_objective` is the one place that maps the user's string to an object. Every per-sample term
+(surrogate, value, entropy, KL penalty) is averaged with optional per-sample ``weights`` (importance correction
+of a prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.core.kl import ANALYTIC, analytic_kl, evaluate_with_distribution, k3_kl
+from sb3_ppo_scale.core.kl import ANALYTIC, KLCoefficient, analytic_kl, evaluate_with_distribution, k3_kl
 from sb3_ppo_scale.core.sampling import MicroBatch
-
-OBJECTIVES = ("clip", "kl_penalty", "clip_kl_penalty")
 
 #: Order of the statistics in a stats vector (one device tensor per logical minibatch).
 STAT_NAMES = ("policy_gradient_loss", "value_loss", "entropy_loss", "clip_fraction", "approx_kl", "loss")
 KL_INDEX = STAT_NAMES.index("approx_kl")
+LOSS_INDEX = STAT_NAMES.index("loss")
+
+
+class Objective:
+    """What the policy term of the PPO loss is made of (subclasses below; instances live on the model).
+
+    :cvar name: the user's string for it (``ScalablePPO(objective=...)``).
+    :cvar clips_ratio: the surrogate is clipped (PPO-Clip).
+    :cvar penalises_kl: the loss has a ``beta * KL(pi_old || pi)`` term; such an objective has a ``beta``.
+    """
+
+    name: ClassVar[str]
+    clips_ratio: ClassVar[bool]
+    penalises_kl: ClassVar[bool] = False
+
+    def surrogate(self, ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:
+        """Per-sample surrogate to maximise: ``r * A``, clipped as PPO-Clip when :attr:`clips_ratio`."""
+        surrogate = advantages * ratio
+        if self.clips_ratio:
+            surrogate = th.min(surrogate, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
+        return surrogate
+
+    def needs_old_dist(self, estimator: str) -> bool:
+        """Whether the loss needs the rollout policy's distribution parameters (an analytic KL penalty does)."""
+        return self.penalises_kl and estimator == ANALYTIC
+
+    def state_dict(self) -> dict[str, Any]:
+        """What must be saved with the model to continue training (nothing for PPO-Clip)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
+
+class ClipObjective(Objective):
+    """SB3 PPO's clipped surrogate (the default)."""
+
+    name, clips_ratio = "clip", True
+
+
+class KLPenaltyObjective(Objective):
+    """PPO-Penalty: the unclipped surrogate minus ``beta * KL(pi_old || pi)``; beta adapts after each update.
+
+    :param beta: the coefficient and its adaptive rule.
+    """
+
+    name, clips_ratio, penalises_kl = "kl_penalty", False, True
+
+    def __init__(self, beta: KLCoefficient) -> None:
+        self.beta = beta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_beta": self.beta.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "kl_beta" in state:
+            self.beta.value = float(state["kl_beta"])
+
+
+class ClipKLPenaltyObjective(KLPenaltyObjective):
+    """The clipped surrogate *and* the KL penalty (RLlib's PPO)."""
+
+    name, clips_ratio = "clip_kl_penalty", True
+
+
+#: the user's string -> the objective class (the only place objective names are looked up)
+OBJECTIVE_CLASSES: dict[str, type[Objective]] = {cls.name: cls for cls in (ClipObjective, KLPenaltyObjective, ClipKLPenaltyObjective)}
+OBJECTIVES = tuple(OBJECTIVE_CLASSES)
+
+
+def make_objective(name: str, beta: KLCoefficient | None = None) -> Objective:
+    """The objective called ``name`` (one of :data:`OBJECTIVES`); a KL one gets ``beta`` (default: fixed 1.0)."""
+    if name not in OBJECTIVE_CLASSES:
+        raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {name!r}")
+    cls = OBJECTIVE_CLASSES[name]
+    if issubclass(cls, KLPenaltyObjective):
+        return cls(KLCoefficient(1.0) if beta is None else beta)
+    return cls()
 
 
 @dataclass(frozen=True)
@@ -37,7 +117,7 @@ class LossSettings:
     :param ent_coef: entropy coefficient.
     :param vf_coef: value-loss coefficient.
     :param discrete_actions: True for a ``Discrete`` action space (actions are cast to long, as SB3 does).
-    :param objective: one of :data:`OBJECTIVES` (default "clip").
+    :param objective: an :class:`Objective`, or its name (default "clip").
     :param kl_coef: beta, the KL-penalty coefficient of this call (ignored by "clip").
     :param kl_estimator: "analytic" (needs ``MicroBatch.old_dist``) or "k3".
     """
@@ -47,17 +127,23 @@ class LossSettings:
     ent_coef: float
     vf_coef: float
     discrete_actions: bool = False
-    objective: str = "clip"
+    objective: Objective | str = "clip"
     kl_coef: float = 0.0
     kl_estimator: str = ANALYTIC
 
+    def __post_init__(self) -> None:
+        if isinstance(self.objective, str):
+            object.__setattr__(self, "objective", make_objective(self.objective))
+
     @property
-    def clips_ratio(self) -> bool:
-        return self.objective in ("clip", "clip_kl_penalty")
+    def terms(self) -> Objective:
+        """The objective as an object (``objective`` after ``__post_init__``)."""
+        assert isinstance(self.objective, Objective)
+        return self.objective
 
     @property
     def penalises_kl(self) -> bool:
-        return self.objective in ("kl_penalty", "clip_kl_penalty")
+        return self.terms.penalises_kl
 
 
 @dataclass
@@ -75,6 +161,18 @@ class AdvantageNormalizer:
         if not enabled or advantages.shape[0] <= 1:
             return cls()
         return cls(advantages.mean(), advantages.std())
+
+    @classmethod
+    def from_moments(
+        cls, total: float, total_sq: float, count: int, enabled: bool, like: th.Tensor
+    ) -> "AdvantageNormalizer":
+        """The same rule from the sum, sum of squares and count of a logical minibatch split over ranks (float64
+        sums; mean and unbiased std returned with ``like``'s dtype and device)."""
+        if not enabled or count <= 1:
+            return cls()
+        mean = total / count
+        variance = max(total_sq - count * mean * mean, 0.0) / (count - 1)
+        return cls(like.new_tensor(mean), like.new_tensor(variance**0.5))
 
     def __call__(self, advantages: th.Tensor) -> th.Tensor:
         if self.mean is None:
@@ -101,7 +199,7 @@ def ppo_loss(
     normalize: AdvantageNormalizer,
     settings: LossSettings,
 ) -> tuple[th.Tensor, th.Tensor]:
-    """The PPO loss of ``settings.objective`` on one micro-batch ("clip" performs exactly SB3 PPO's operations).
+    """The PPO loss of ``settings.objective`` on one micro-batch (PPO-Clip performs exactly SB3 PPO's operations).
 
     :return: ``(loss, stats)`` where ``loss`` carries the gradient and ``stats`` is a detached vector in
         :data:`STAT_NAMES` order (means over the micro-batch). ``policy_gradient_loss`` is the surrogate term
@@ -111,7 +209,8 @@ def ppo_loss(
     actions = data.actions
     if settings.discrete_actions:
         actions = actions.long().flatten()
-    if settings.penalises_kl:
+    objective = settings.terms
+    if objective.penalises_kl:
         values, log_prob, entropy, distribution = evaluate_with_distribution(policy, data.observations, actions)
     else:
         values, log_prob, entropy = policy.evaluate_actions(data.observations, actions)
@@ -119,10 +218,7 @@ def ppo_loss(
     advantages = normalize(data.advantages)
 
     ratio = th.exp(log_prob - data.old_log_prob)
-    surrogate = advantages * ratio
-    if settings.clips_ratio:
-        surrogate = th.min(surrogate, advantages * th.clamp(ratio, 1 - settings.clip_range, 1 + settings.clip_range))
-    policy_loss = -_mean(surrogate, weights)
+    policy_loss = -_mean(objective.surrogate(ratio, advantages, settings.clip_range), weights)
 
     values_pred = values
     if settings.clip_range_vf is not None:
@@ -134,7 +230,7 @@ def ppo_loss(
 
     entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights)
     loss = policy_loss + settings.ent_coef * entropy_loss + settings.vf_coef * value_loss
-    if settings.penalises_kl:
+    if objective.penalises_kl:
         loss = loss + kl_penalty(micro, distribution, log_prob, settings)
 
     with th.no_grad():
@@ -160,6 +256,10 @@ class TrainStats:
         self._rows.append(stats)
         self._epochs.append(epoch)
 
+    def last_kl(self) -> float:
+        """The last minibatch's approx KL (a host sync)."""
+        return float(self._rows[-1][KL_INDEX])
+
     def summary(self, extra: dict[str, th.Tensor] | None = None) -> dict[str, float]:
         """Means as SB3 logs them (keys of :data:`STAT_NAMES`), plus the ``extra`` device scalars read back in
         the same single sync."""
@@ -171,5 +271,5 @@ class TrainStats:
         means = table.mean(dim=0)
         summary = {name: float(means[i]) for i, name in enumerate(STAT_NAMES)}
         summary["approx_kl"] = float(table[last_epoch, KL_INDEX].mean())
-        summary["loss"] = float(table[-1, STAT_NAMES.index("loss")])
+        summary["loss"] = float(table[-1, LOSS_INDEX])
         return {**summary, **dict(zip(extra, extra_values))}

@@ -11,28 +11,16 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_scale.core.checks import (
-    check_batching,
-    check_compile_loss,
-    check_compile_toolchain,
-    check_cuda_graphs,
-    check_kl_penalty,
-    check_rollout_size,
-    resolve_buffer_device,
-)
+from sb3_ppo_scale.core.checks import check_batching
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
-from sb3_ppo_scale.core.kl import (
-    ANALYTIC,
-    KL_COEF_BOUNDS,
-    AdaptiveKLCoefficient,
-    kl_estimator,
-    mean_rollout_kl,
-    rollout_distribution_params,
-)
-from sb3_ppo_scale.core.objectives import KL_INDEX, OBJECTIVES, AdvantageNormalizer, LossSettings, TrainStats, ppo_loss
-from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutStager
-from sb3_ppo_scale.core.sampling import LogicalBatch, MinibatchLoader, uniform_order
-from sb3_ppo_scale.core.updates import CudaGraphUpdate, EagerUpdate, GraphCache, distribution_validation
+from sb3_ppo_scale.core.config import ScaleConfig
+from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
+from sb3_ppo_scale.core.guard import NonFiniteGuard
+from sb3_ppo_scale.core.kl import kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
+from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
+from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -64,7 +52,12 @@ class ScalablePPO(PPO):
         the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
         while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
         and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
-        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.updates`.
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`.
+
+    :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
+        optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
+        :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
+        :mod:`sb3_ppo_scale.core.guard`.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).
@@ -73,6 +66,7 @@ class ScalablePPO(PPO):
     # class defaults: models saved before these arguments existed load with them off
     cuda_graphs: bool = False
     compile_loss: bool = False
+    nonfinite: str = "skip"
 
     def __init__(
         self,
@@ -88,49 +82,50 @@ class ScalablePPO(PPO):
         kl_adapt_tolerance: float = 1.5,
         cuda_graphs: bool = False,
         compile_loss: bool = False,
+        nonfinite: str = "skip",
         **kwargs: Any,
     ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
         ppo_args.apply_defaults()
+        # before PPO's own `batch_size > 1` assertion, so that error reads like every other (ScaleConfig.validate)
         check_batching(ppo_args.arguments["batch_size"], grad_accum_steps, ppo_args.arguments["normalize_advantage"])
-        self.grad_accum_steps = grad_accum_steps
-        self.buffer_device = buffer_device
-        self.objective = objective
-        self.kl_coef = kl_coef
-        self.kl_penalty_target = kl_penalty_target
-        self.kl_adapt_factor = kl_adapt_factor
-        self.kl_adapt_tolerance = kl_adapt_tolerance
-        self.cuda_graphs = cuda_graphs
-        self.compile_loss = compile_loss
-        self._check_kl_penalty()
-        self._kl_beta = float(kl_coef)  # the current (adapted) beta
+        config = ScaleConfig(grad_accum_steps, buffer_device, objective, kl_coef, kl_penalty_target, kl_adapt_factor,
+                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite)
+        for name in ScaleConfig.__dataclass_fields__:
+            setattr(self, name, getattr(config, name))
         self._n_grad_steps = 0
-        self._rollout_stager: RolloutStager | None = None
+        self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
-        if self.env is not None:
-            check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
-        if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning instead
-            self._check_cuda_graphs()
-            check_compile_toolchain(self.compile_loss, self.device)
+        if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning
+            self._config.check_runtime(self, self._buffer_device)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
-        check_batching(self.batch_size, self.grad_accum_steps, self.normalize_advantage)
-        self._check_kl_penalty()
+        """SB3's set-up plus ScalablePPO's derived state; the one place the added arguments are validated (it runs
+        at construction and in ``load(..., **kwargs)``)."""
+        self._config = ScaleConfig.of(self)
+        self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         super()._setup_model()
-        self._buffer_device = resolve_buffer_device(self.buffer_device, self.device)
-        self._rollout_stager = None  # allocated by the first train(): loading for inference allocates nothing
+        self._objective: Objective = self._config.make_objective()
+        self._objective.load_state_dict(self._saved_objective_state())
+        self._rollout_stager: RolloutStager | None = None  # allocated by the first train(): loading allocates nothing
         self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
-        check_compile_loss(self.compile_loss, self.cuda_graphs)
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
+        self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
+        self._reducer: Reducer = LOCAL  # data-parallel training replaces it
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
 
+    def _saved_objective_state(self) -> dict[str, Any]:
+        """The objective state a loaded model carries (models saved before objectives were objects kept ``_kl_beta``)."""
+        state = self.__dict__.get("_objective_state")
+        if state is None and "_kl_beta" in self.__dict__:
+            state = {"kl_beta": self.__dict__["_kl_beta"]}
+        return dict(state or {})
+
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
-        # checked here, not at load: a model may be loaded with fewer envs for evaluation
-        check_rollout_size(self.batch_size, self.n_steps, self.n_envs)
-        self._check_cuda_graphs()
-        check_compile_toolchain(self.compile_loss, self.device)
+        # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
+        self._config.check_runtime(self, self._buffer_device)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,
@@ -144,28 +139,27 @@ class ScalablePPO(PPO):
             )
         return super()._setup_learn(*args, **kwargs)
 
-    def _check_kl_penalty(self) -> None:
-        check_kl_penalty(
-            self.objective,
-            self.kl_coef,
-            self.kl_penalty_target,
-            self.kl_adapt_factor,
-            self.kl_adapt_tolerance,
-            OBJECTIVES,
-            KL_COEF_BOUNDS,
-        )
-
-    def _check_cuda_graphs(self) -> None:
-        # at construction and before learning, not at load: a model trained on a GPU may be loaded on a CPU
-        check_cuda_graphs(self.cuda_graphs, self.device, self._buffer_device, self.policy.optimizer)
-
     @property
     def kl_beta(self) -> float:
-        """The current KL-penalty coefficient (beta), adapted after each ``train()``; saved with the model."""
-        return self._kl_beta
+        """The current KL-penalty coefficient (beta), adapted after each ``train()``; saved with the model.
+        ``kl_coef`` for an objective without a KL term."""
+        beta = getattr(self._objective, "beta", None)
+        return float(self.kl_coef) if beta is None else beta.value
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's ``save``, with the objective's state (beta) among the saved attributes."""
+        self._objective_state = self._objective.state_dict()
+        super().save(*args, **kwargs)
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "_rollout_stager", "_buffer_device", "_graph_cache", "_loss"]
+        runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_loss", "_config", "_objective", "_guard",
+                   "_reducer", "_kl_beta"]
+        return [*super()._excluded_save_params(), *runtime]
+
+    @property
+    def _hooks(self) -> RolloutHooks:
+        """What the rollout buffer adds to the update (the prioritized buffer's order and weights)."""
+        return rollout_hooks(self.rollout_buffer)
 
     # ----------------------------------------------------------------------------------------------- update
     def train(self) -> None:
@@ -174,33 +168,20 @@ class ScalablePPO(PPO):
         self._update_learning_rate(self.policy.optimizer)
         settings = self._loss_settings()
         with distribution_validation(False):
-            rollout = self._stage_rollout()
-            if settings.penalises_kl and settings.kl_estimator == ANALYTIC:
-                rollout.old_dist = rollout_distribution_params(self.policy, rollout, self._micro_batch_size)
-            loader = self._make_loader(rollout)
-            stats = TrainStats()
-            update = self._make_update(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
+            rollout = self._prepare_rollout(settings)
+            loader = MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device,
+                                     order=self._hooks.epoch_order)
+            step = self._update_step(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
             try:
-                for epoch in range(self.n_epochs):
-                    stopped = self._train_epoch(loader, update, stats, epoch)
-                    self._n_updates += 1
-                    if stopped:
-                        break
+                stats = self._run_epochs(loader, step)
             finally:
-                update.close()
+                step.close()
             measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
-        summary = self._record(stats, settings, measured_kl)
-        if measured_kl is not None:
-            self._adapt_kl_beta(summary["kl"], settings)
+        self._record(stats, settings, measured_kl)
 
     @property
     def _micro_batch_size(self) -> int:
         return -(-self.batch_size // self.grad_accum_steps)
-
-    def _measure_kl(self, rollout: DeviceRollout, settings: LossSettings) -> th.Tensor:
-        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar."""
-        discrete = isinstance(self.action_space, spaces.Discrete)
-        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, settings.kl_estimator, discrete)
 
     def _loss_settings(self) -> LossSettings:
         progress = self._current_progress_remaining
@@ -211,86 +192,62 @@ class ScalablePPO(PPO):
             ent_coef=float(self.ent_coef),
             vf_coef=float(self.vf_coef),
             discrete_actions=isinstance(self.action_space, spaces.Discrete),
-            objective=self.objective,
-            kl_coef=self._kl_beta,
+            objective=self._objective,
+            kl_coef=self.kl_beta,
             kl_estimator=kl_estimator(self.policy.action_dist),
         )
 
     def _stage_rollout(self) -> DeviceRollout:
+        """The rollout buffer's contents on the buffer device (as staged, before the buffer's hooks)."""
         if self._rollout_stager is None:
             self._rollout_stager = RolloutStager(self._buffer_device)
-        rollout = self._rollout_stager.stage(self.rollout_buffer)
-        prepare = getattr(self.rollout_buffer, "prepare_rollout", None)  # e.g. PrioritizedRolloutBuffer: weights, retained samples
-        return rollout if prepare is None else prepare(rollout)
+        return self._rollout_stager.stage(self.rollout_buffer)
 
-    def _make_loader(self, rollout: DeviceRollout) -> MinibatchLoader:
-        order = getattr(self.rollout_buffer, "epoch_order", uniform_order)  # a buffer may supply each epoch's order
-        return MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device, order=order)
+    def _prepare_rollout(self, settings: LossSettings) -> DeviceRollout:
+        """Stage, let the buffer prepare it, and add the rollout policy's distribution where the loss needs it."""
+        rollout = self._hooks.prepare_rollout(self._stage_rollout())
+        if settings.terms.needs_old_dist(settings.kl_estimator):
+            rollout.old_dist = rollout_distribution_params(self.policy, rollout, self._micro_batch_size)
+        return rollout
 
-    def _make_update(self, settings: LossSettings, n_full_batches: int) -> EagerUpdate:
-        def gradients(batch: LogicalBatch) -> th.Tensor:
-            return self._accumulate_gradients(batch, settings)
-
+    def _update_step(self, settings: LossSettings, n_full_batches: int) -> UpdateStep | CudaGraphStep:
+        step_settings = StepSettings(float(self.max_grad_norm), bool(self.normalize_advantage), self.target_kl)
+        self._guard.begin()
+        step = UpdateStep(self.policy, self._loss, settings, step_settings, self._guard, self._reducer)
         if not self.cuda_graphs:
-            return EagerUpdate(gradients, self._apply_gradients, self._kl_exceeds_target)
-        return CudaGraphUpdate(
-            gradients,
-            self._apply_gradients,
-            self._kl_exceeds_target,
-            self.policy.optimizer,
-            self.batch_size,
-            n_full_batches,
-            cache=self._graph_cache,
-            config=(settings, self.max_grad_norm, self.normalize_advantage),
-            policy=self.policy,
-        )
+            return step
+        return CudaGraphStep(step, self.batch_size, n_full_batches, self._graph_cache)
 
-    def _train_epoch(self, loader: MinibatchLoader, update: EagerUpdate, stats: TrainStats, epoch: int) -> bool:
-        """One pass over the rollout; returns True when ``target_kl`` stopped training."""
-        for batch in loader:
-            batch_stats, stepped = update(batch)
-            stats.add(batch_stats, epoch)
-            if not stepped:
-                return True
-            self._n_grad_steps += 1
-        return False
+    def _run_epochs(self, loader: MinibatchLoader, step: UpdateStep | CudaGraphStep) -> TrainStats:
+        """``n_epochs`` passes over ``loader``, each logical minibatch one ``step``; stops early at ``target_kl``."""
+        stats = TrainStats()
+        for epoch in range(self.n_epochs):
+            for batch in loader:
+                batch_stats, stepped = step(batch)
+                stats.add(batch_stats, epoch)
+                if not stepped:
+                    self._n_updates += 1
+                    if self.verbose >= 1:
+                        print(f"Early stopping at step {self._n_updates - 1} due to reaching max kl: {stats.last_kl():.2f}")
+                    return stats
+                self._n_grad_steps += 1
+            self._n_updates += 1
+        return stats
 
-    def _apply_gradients(self) -> None:
-        """One gradient clip (SB3's ``max_grad_norm``) and one optimizer step."""
-        th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-        self.policy.optimizer.step()
+    def _measure_kl(self, rollout: DeviceRollout, settings: LossSettings) -> th.Tensor:
+        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar."""
+        discrete = isinstance(self.action_space, spaces.Discrete)
+        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, settings.kl_estimator, discrete)
 
-    def _accumulate_gradients(self, batch: LogicalBatch, settings: LossSettings) -> th.Tensor:
-        """Backward every micro-batch of ``batch``; returns the logical minibatch's stats vector."""
-        self.policy.optimizer.zero_grad()
-        normalize = AdvantageNormalizer.fit(batch.advantages(), self.normalize_advantage)
-        total: th.Tensor | None = None
-        for micro in batch.micro_batches():
-            loss, stats = self._loss(self.policy, micro, normalize, settings)
-            if micro.share != 1.0:
-                loss, stats = loss * micro.share, stats * micro.share
-            loss.backward()
-            total = stats if total is None else total + stats
-        assert total is not None
-        return total
-
-    def _kl_exceeds_target(self, batch_stats: th.Tensor) -> bool:
-        """SB3's early stop: approx KL of the minibatch > 1.5 * target_kl (one host sync, only with target_kl)."""
-        if self.target_kl is None:
-            return False
-        approx_kl = np.float32(batch_stats[KL_INDEX].item())
-        if approx_kl > np.float32(1.5 * self.target_kl):
-            if self.verbose >= 1:
-                print(f"Early stopping at step {self._n_updates} due to reaching max kl: {approx_kl:.2f}")
-            return True
-        return False
-
-    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> dict[str, float]:
-        """Log every key PPO logs, with the same meaning, after a single device-to-host sync; returns the summary."""
-        extra = {} if measured_kl is None else {"kl": measured_kl}
+    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
+        """Log every key PPO logs, with the same meaning, after a single device-to-host sync; then adapt beta."""
+        extra = {"nonfinite_skipped": self._guard.skipped, "nonfinite_consecutive": self._guard.consecutive}
+        if measured_kl is not None:
+            extra["kl"] = measured_kl
         if hasattr(self.policy, "log_std"):
             extra["std"] = th.exp(self.policy.log_std).mean().detach()
         summary = stats.summary(extra)
+        self._count_nonfinite(int(summary["nonfinite_skipped"]), int(summary["nonfinite_consecutive"]))
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "loss"):
             self.logger.record(f"train/{name}", summary[name])
         values, returns = self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten()
@@ -302,15 +259,22 @@ class ScalablePPO(PPO):
         self.logger.record("train/clip_range", settings.clip_range)
         if settings.clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", settings.clip_range_vf)
-        buffer_log = getattr(self.rollout_buffer, "train_log", None)  # e.g. train/retained_fraction
-        for key, value in ({} if buffer_log is None else buffer_log()).items():
+        for key, value in self._hooks.train_log().items():  # e.g. train/retained_fraction
             self.logger.record(key, value)
-        return summary
+        if measured_kl is not None:
+            self._adapt_kl_beta(summary["kl"], settings)
+
+    def _count_nonfinite(self, skipped: int, consecutive: int) -> None:
+        """Logged from the first skipped step on (a run without any logs exactly PPO's keys)."""
+        self._n_nonfinite_steps += skipped
+        if self._n_nonfinite_steps:
+            self.logger.record("train/nonfinite_steps", self._n_nonfinite_steps)
+        if self._guard.on_device:
+            self._guard.check_after_train(skipped, consecutive)
 
     def _adapt_kl_beta(self, measured_kl: float, settings: LossSettings) -> None:
         """Log the KL measured after the update and the beta it was trained with, then adapt beta."""
         self.logger.record("train/kl", measured_kl)
         self.logger.record("train/kl_coef", settings.kl_coef)
         self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
-        rule = AdaptiveKLCoefficient(self.kl_penalty_target, self.kl_adapt_factor, self.kl_adapt_tolerance)
-        self._kl_beta = rule.update(self._kl_beta, measured_kl)
+        self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ rollout and :class:`DeviceRollout` gathers minibatches there with ``index_select
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch as th
@@ -43,6 +44,18 @@ class DeviceRollout:
     weights: th.Tensor | None = None
     old_dist: th.Tensor | None = None
 
+    #: The sample fields (the only list of them) -> the SB3 ``RolloutBuffer`` attribute each one is staged from.
+    SOURCES: ClassVar[dict[str, str]] = {
+        "observations": "observations",
+        "actions": "actions",
+        "old_values": "values",
+        "old_log_prob": "log_probs",
+        "advantages": "advantages",
+        "returns": "returns",
+    }
+    #: The sample fields, in :class:`RolloutBufferSamples` order.
+    SAMPLE_FIELDS: ClassVar[tuple[str, ...]] = tuple(SOURCES)
+
     def __len__(self) -> int:
         return self.actions.shape[0]
 
@@ -59,7 +72,13 @@ class DeviceRollout:
         return samples_cls(observations, *tensors)  # type: ignore[arg-type]
 
     def _flat_fields(self) -> list[th.Tensor]:
-        return [self.actions, self.old_values, self.old_log_prob, self.advantages, self.returns]
+        return [getattr(self, name) for name in self.SAMPLE_FIELDS[1:]]
+
+    def tensors(self) -> list[th.Tensor | None]:
+        """Every tensor the update reads, observations first, then the sample fields, ``weights`` and ``old_dist``."""
+        observations = self.observations
+        obs = list(observations.values()) if isinstance(observations, dict) else [observations]
+        return [*obs, *self._flat_fields(), self.weights, self.old_dist]
 
 
 def _flatten(buffer: RolloutBuffer, array: np.ndarray) -> np.ndarray:
@@ -77,25 +96,11 @@ def rollout_arrays(buffer: RolloutBuffer) -> dict[str, np.ndarray | dict[str, np
         }
     else:
         observations = _flatten(buffer, buffer.observations)
-    return {
-        "observations": observations,
-        "actions": _flatten(buffer, buffer.actions).astype(np.float32, copy=False),
-        "old_values": _flatten(buffer, buffer.values).reshape(-1),
-        "old_log_prob": _flatten(buffer, buffer.log_probs).reshape(-1),
-        "advantages": _flatten(buffer, buffer.advantages).reshape(-1),
-        "returns": _flatten(buffer, buffer.returns).reshape(-1),
-    }
-
-
-#: DeviceRollout field -> the RolloutBuffer attribute it comes from
-_BUFFER_FIELDS = {
-    "observations": "observations",
-    "actions": "actions",
-    "old_values": "values",
-    "old_log_prob": "log_probs",
-    "advantages": "advantages",
-    "returns": "returns",
-}
+    arrays: dict[str, np.ndarray | dict[str, np.ndarray]] = {"observations": observations}
+    for name, source in list(DeviceRollout.SOURCES.items())[1:]:
+        array = _flatten(buffer, getattr(buffer, source))
+        arrays[name] = array.astype(np.float32, copy=False) if name == "actions" else array.reshape(-1)
+    return arrays
 
 
 def _env_major(buffer: RolloutBuffer, array: np.ndarray) -> th.Tensor:
@@ -127,11 +132,11 @@ class RolloutStager:
         if self.device.type == "cpu":
             moved = {name: _as_tensors(value) for name, value in rollout_arrays(buffer).items()}
         else:
-            moved = {name: self._stage_field(buffer, name) for name in _BUFFER_FIELDS}
+            moved = {name: self._stage_field(buffer, name) for name in DeviceRollout.SAMPLE_FIELDS}
         return DeviceRollout(**moved)  # type: ignore[arg-type]
 
     def _stage_field(self, buffer: RolloutBuffer, name: str) -> Observations:
-        value = getattr(buffer, _BUFFER_FIELDS[name])
+        value = getattr(buffer, DeviceRollout.SOURCES[name])
         flat = buffer.generator_ready
         if isinstance(value, dict):
             return {key: self._to_device(f"{name}.{key}", _env_major(buffer, array), flat) for key, array in value.items()}
@@ -157,3 +162,45 @@ def _as_tensors(value: np.ndarray | dict[str, np.ndarray]) -> Observations:
     if isinstance(value, dict):
         return {key: th.from_numpy(np.ascontiguousarray(array)) for key, array in value.items()}
     return th.from_numpy(np.ascontiguousarray(value))
+
+
+@runtime_checkable
+class RolloutHooks(Protocol):
+    """What a rollout buffer may add to the update phase (:class:`~sb3_ppo_scale.PrioritizedRolloutBuffer` does).
+
+    A buffer that has all three methods is used as its own hooks; any other buffer gets :data:`UNIFORM_HOOKS`.
+    """
+
+    def prepare_rollout(self, rollout: DeviceRollout) -> DeviceRollout:
+        """The staged rollout as the update should see it (e.g. retained samples added, importance weights set)."""
+        ...
+
+    def epoch_order(self, n: int) -> th.Tensor:
+        """One epoch's sample order over the ``n`` prepared samples (int64 indices; may repeat)."""
+        ...
+
+    def train_log(self) -> dict[str, float]:
+        """Extra ``train/...`` scalars to log after the update (host floats)."""
+        ...
+
+
+class UniformHooks:
+    """The default hooks: the rollout as staged, SB3's uniform permutation each epoch, nothing extra to log."""
+
+    def prepare_rollout(self, rollout: DeviceRollout) -> DeviceRollout:
+        return rollout
+
+    def epoch_order(self, n: int) -> th.Tensor:
+        """SB3's epoch order: ``np.random.permutation(n)`` from NumPy's global RNG."""
+        return th.from_numpy(np.random.permutation(n))
+
+    def train_log(self) -> dict[str, float]:
+        return {}
+
+
+UNIFORM_HOOKS = UniformHooks()
+
+
+def rollout_hooks(buffer: object) -> RolloutHooks:
+    """``buffer`` itself when it implements :class:`RolloutHooks`, else :data:`UNIFORM_HOOKS`."""
+    return buffer if isinstance(buffer, RolloutHooks) else UNIFORM_HOOKS

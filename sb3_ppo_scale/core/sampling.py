@@ -11,19 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch as th
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 
-from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.rollout import UNIFORM_HOOKS, DeviceRollout
 
 Samples = RolloutBufferSamples | DictRolloutBufferSamples
-EpochOrder = Callable[[int], np.ndarray]
-
-
-def uniform_order(n_samples: int) -> np.ndarray:
-    """SB3's epoch order: a uniform random permutation drawn from NumPy's global RNG."""
-    return np.random.permutation(n_samples)
+#: ``n -> int64 indices`` of one epoch (a permutation of ``range(n)``, or draws that may repeat)
+EpochOrder = Callable[[int], th.Tensor]
+uniform_order: EpochOrder = UNIFORM_HOOKS.epoch_order
 
 
 @dataclass
@@ -53,9 +49,13 @@ class LogicalBatch:
         """The logical minibatch's raw advantages (used for normalisation statistics)."""
         return self.rollout.advantages.index_select(0, self.indices)
 
-    def micro_batches(self) -> Iterator[MicroBatch]:
-        """Gather micro-batches one at a time, so only one micro-batch is materialised at once."""
-        n_logical = len(self)
+    def micro_batches(self, n_logical: int | None = None) -> Iterator[MicroBatch]:
+        """Gather micro-batches one at a time, so only one micro-batch is materialised at once.
+
+        :param n_logical: the size of the logical minibatch each share is relative to (default: ``len(self)``;
+            data-parallel ranks pass the global size, so shares sum to 1 over all ranks).
+        """
+        n_logical = len(self) if n_logical is None else n_logical
         parts = (self.indices,) if self.n_micro == 1 else th.tensor_split(self.indices, self.n_micro)
         for part in parts:
             yield MicroBatch(
@@ -108,8 +108,8 @@ class MinibatchLoader:
 
     def __iter__(self) -> Iterator[LogicalBatch]:
         n_samples = len(self.rollout)
-        order = self.order(n_samples) if self.shuffle else np.arange(n_samples)
-        order_t = th.as_tensor(order, dtype=th.long).to(self.rollout.device, non_blocking=True)
+        order = self.order(n_samples) if self.shuffle else th.arange(n_samples)
+        order_t = order.to(self.rollout.device, th.long, non_blocking=True)
         for start in range(0, len(order), self.batch_size):
             size = min(self.batch_size, len(order) - start)
             if self.drop_last and size < self.batch_size:

@@ -1,17 +1,13 @@
-"""How one logical-minibatch update runs: eagerly (the default) or replayed from CUDA graphs (``cuda_graphs=True``).
+"""``cuda_graphs=True``: full-size minibatch updates replayed from CUDA graphs.
 
-An update is ``gradients(batch) -> stats`` (zero the gradients, backward every micro-batch), then SB3's
-``target_kl`` check on the stats, then ``apply()`` (gradient clip and optimizer step). :class:`EagerUpdate` runs
-those Python functions as they are.
-
-:class:`CudaGraphUpdate` runs one full-size minibatch eagerly on a side stream (the warm-up; it is a real update),
-then captures ``gradients`` and ``apply`` as two CUDA graphs and replays them for every later full-size minibatch:
-the same kernels on the same data, with the host cost of two graph launches instead of hundreds of kernel
-launches. A shorter last minibatch runs eagerly. The graphs live in a :class:`GraphCache` kept by the model
-between ``train()`` calls and are replayed only while everything they baked in is unchanged (see
-:meth:`CudaGraphUpdate.key`: loss settings, learning rates, gradient-clip norm, minibatch shape, and the storage
-of the rollout, the parameters and the optimizer state); otherwise they are captured again. A learning-rate
-schedule therefore costs one capture per ``train()`` call.
+:class:`CudaGraphStep` wraps an :class:`~sb3_ppo_scale.core.step.UpdateStep`. It runs one full-size minibatch
+eagerly on a side stream (the warm-up; it is a real update), then captures the step's ``gradients`` and ``apply``
+as two CUDA graphs and replays them for every later full-size minibatch: the same kernels on the same data, with
+the host cost of two graph launches instead of hundreds of kernel launches. A shorter last minibatch runs
+eagerly. The graphs live in a :class:`GraphCache` kept by the model between ``train()`` calls and are replayed
+only while everything they baked in (a :class:`GraphKey`: loss settings, learning rates, gradient-clip norm,
+minibatch shape, and the storage of the rollout, the parameters and the optimizer state) is unchanged; otherwise
+they are captured again. A learning-rate schedule therefore costs one capture per ``train()`` call.
 
 While a graph update is active the optimizer runs in its ``capturable`` mode, its step counters in persistent
 device tensors owned by the cache; on exit it is put back exactly as PyTorch keeps it otherwise, so saving, loading
@@ -20,59 +16,33 @@ and CPU training see an ordinary optimizer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch as th
-from torch.distributions import Distribution
 
+from sb3_ppo_scale.core.objectives import LossSettings
 from sb3_ppo_scale.core.sampling import LogicalBatch
+from sb3_ppo_scale.core.step import StepSettings, UpdateStep
 
-Gradients = Callable[[LogicalBatch], th.Tensor]
-StopCheck = Callable[[th.Tensor], bool]
-
-
-@contextmanager
-def distribution_validation(enabled: bool) -> Iterator[None]:
-    """Temporarily set torch.distributions' default argument validation.
-
-    Validation checks every distribution's parameters and every scored action on the host: three host syncs per
-    minibatch for a Gaussian policy. ``train()`` switches it off; collection keeps it, so a policy whose
-    parameters became NaN still raises SB3's ValueError at the next rollout.
-    """
-    previous = Distribution._validate_args
-    Distribution.set_default_validate_args(enabled)
-    try:
-        yield
-    finally:
-        Distribution.set_default_validate_args(previous)
+#: ``(data_ptr, shape, dtype)`` of a tensor a graph reads or writes (None for an absent optional field)
+Storage = tuple[int, tuple[int, ...], th.dtype] | None
 
 
-class EagerUpdate:
-    """Runs each minibatch update as ordinary PyTorch code.
+@dataclass(frozen=True)
+class GraphKey:
+    """Everything captured graphs bake in; graphs are replayed only while it is unchanged."""
 
-    :param gradients: ``batch -> stats``: zeroes the gradients, backpropagates every micro-batch, returns the
-        logical minibatch's statistics vector (on the device).
-    :param apply: clips the gradient and steps the optimizer.
-    :param should_stop: SB3's ``target_kl`` rule on the stats vector (True: skip the step, stop training).
-    """
-
-    def __init__(self, gradients: Gradients, apply: Callable[[], None], should_stop: StopCheck) -> None:
-        self._gradients, self._apply, self._should_stop = gradients, apply, should_stop
-
-    def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
-        """Update on ``batch``; returns ``(stats, stepped)``; ``stepped`` is False when ``target_kl`` stopped it."""
-        stats = self._gradients(batch)
-        if self._should_stop(stats):
-            return stats, False
-        self._apply()
-        return stats, True
-
-    def close(self) -> None:
-        """Nothing to release."""
+    loss_settings: LossSettings
+    step_settings: StepSettings
+    optimizer_id: int
+    optimizer_hyperparameters: tuple[tuple[tuple[str, str], ...], ...]
+    batch_size: int
+    n_micro: int
+    data: tuple[Storage, ...]
+    parameters: tuple[int, ...]
+    optimizer_state: tuple[int, ...]
 
 
 @dataclass
@@ -83,8 +53,8 @@ class GraphCache:
     besides the cuBLAS workspaces of the warm-up and capture streams.
     """
 
-    key: tuple | None = None  #: what the graphs were captured for
-    seen_key: tuple | None = None  #: the key at the previous call's first full minibatch
+    key: GraphKey | None = None  #: what the graphs were captured for
+    seen_key: GraphKey | None = None  #: the key at the previous call's first full minibatch
     graphs: tuple[th.cuda.CUDAGraph, th.cuda.CUDAGraph] | None = None
     static_indices: th.Tensor | None = None
     static_stats: th.Tensor | None = None
@@ -92,45 +62,32 @@ class GraphCache:
     steps: dict[int, th.Tensor] = field(default_factory=dict)
     #: the warm-up's stream, created once: cuBLAS keeps a workspace (32 MiB on Hopper) for every stream it has used
     side_stream: th.cuda.Stream | None = None
+    #: how many times graphs were captured (a test counts reuse and recapture with it)
+    captures: int = 0
 
 
-class CudaGraphUpdate(EagerUpdate):
-    """Replays full-size minibatch updates from two CUDA graphs (see the module docstring).
+class CudaGraphStep:
+    """Replays full-size minibatch updates of ``step`` from two CUDA graphs (see the module docstring).
 
     A graph is captured only where it will be replayed: when this call has more than one full-size minibatch,
     or when nothing has changed since the previous call.
 
-    :param optimizer: the policy's optimizer; it must support ``capturable`` (Adam, AdamW, RMSprop, ...).
+    :param step: the eager update (its guard must decide on the device: ``NonFiniteGuard(on_device=True)``).
     :param batch_size: the logical minibatch size the graphs are captured for.
     :param full_batches: how many full-size minibatches this ``train()`` call will run at most.
     :param cache: the model's :class:`GraphCache`.
-    :param config: everything else the update bakes in as Python numbers (loss settings, gradient-clip norm, ...).
-    :param policy: the SB3 policy, whose action distribution keeps the last forward's autograd graph alive
-        (released before the warm-up and before the capture).
     """
 
-    def __init__(
-        self,
-        gradients: Gradients,
-        apply: Callable[[], None],
-        should_stop: StopCheck,
-        optimizer: th.optim.Optimizer,
-        batch_size: int,
-        full_batches: int,
-        cache: GraphCache,
-        config: tuple,
-        policy: Any = None,
-    ) -> None:
-        super().__init__(gradients, apply, should_stop)
-        self._optimizer, self._policy, self._cache, self._config = optimizer, policy, cache, config
+    def __init__(self, step: UpdateStep, batch_size: int, full_batches: int, cache: GraphCache) -> None:
+        self._step, self._optimizer, self._cache = step, step.optimizer, cache
         self._batch_size = batch_size
         self._full_batches = full_batches
         self._checked = False
-        self._previous_capturable = _make_capturable(optimizer, cache.steps)
+        self._previous_capturable = _make_capturable(self._optimizer, cache.steps)
 
     def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         if len(batch) != self._batch_size:
-            return super().__call__(batch)
+            return self._step(batch)
         if not self._checked:  # first full-size minibatch of this call: are the cached graphs still valid?
             self._checked = True
             key = self.key(batch)
@@ -138,31 +95,27 @@ class CudaGraphUpdate(EagerUpdate):
                 self._cache.graphs = None
                 worth = self._full_batches > 1 or key == self._cache.seen_key
                 self._cache.seen_key = key
-                return self._warm_up_and_capture(batch) if worth else super().__call__(batch)
+                return self._warm_up_and_capture(batch) if worth else self._step(batch)
         if self._cache.graphs is None:
-            return super().__call__(batch)
+            return self._step(batch)
         return self._replay(batch)
 
-    def key(self, batch: LogicalBatch) -> tuple:
-        """What the graphs bake in: config, optimizer hyperparameters (lr, betas, eps, ...), minibatch shape, and
-        the storage they read and write."""
-        rollout = batch.rollout
-        observations = rollout.observations
-        obs = list(observations.values()) if isinstance(observations, dict) else [observations]
-        data = [*obs, rollout.actions, rollout.old_values, rollout.old_log_prob, rollout.advantages, rollout.returns,
-                rollout.weights, rollout.old_dist]
-        params = [p for group in self._optimizer.param_groups for p in group["params"]]
-        state = [value for p in params for name, value in sorted(self._optimizer.state.get(p, {}).items())
+    def key(self, batch: LogicalBatch) -> GraphKey:
+        """What the graphs bake in, for ``batch`` (see :class:`GraphKey`)."""
+        optimizer = self._optimizer
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        state = [value for p in params for name, value in sorted(optimizer.state.get(p, {}).items())
                  if isinstance(value, th.Tensor) and name != "step"]
-        return (
-            self._config,
-            id(self._optimizer),
-            tuple(_group_hyperparameters(group) for group in self._optimizer.param_groups),
-            len(batch),
-            batch.n_micro,
-            tuple(None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype) for t in data),
-            tuple(p.data_ptr() for p in params),
-            tuple(t.data_ptr() for t in state),
+        return GraphKey(
+            loss_settings=self._step.loss_settings,
+            step_settings=self._step.settings,
+            optimizer_id=id(optimizer),
+            optimizer_hyperparameters=tuple(_group_hyperparameters(group) for group in optimizer.param_groups),
+            batch_size=len(batch),
+            n_micro=batch.n_micro,
+            data=tuple(None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype) for t in batch.rollout.tensors()),
+            parameters=tuple(p.data_ptr() for p in params),
+            optimizer_state=tuple(t.data_ptr() for t in state),
         )
 
     def _replay(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
@@ -172,7 +125,7 @@ class CudaGraphUpdate(EagerUpdate):
         gradients_graph, apply_graph = cache.graphs
         gradients_graph.replay()
         stats = cache.static_stats.clone()
-        if self._should_stop(stats):
+        if self._step.exceeds_target_kl(stats):
             return stats, False
         apply_graph.replay()
         return stats, True
@@ -188,7 +141,7 @@ class CudaGraphUpdate(EagerUpdate):
             # a parameter's gradient accumulator created by an earlier eager step on the default stream may still
             # be alive; autograd then syncs the two streams once and warns: expected here, harmless
             warnings.filterwarnings("ignore", message="The AccumulateGrad node's stream does not match")
-            stats, stepped = super().__call__(batch)
+            stats, stepped = self._step(batch)
         th.cuda.current_stream().wait_stream(side_stream)
         if stepped:
             self._release_autograd_graph()
@@ -198,8 +151,9 @@ class CudaGraphUpdate(EagerUpdate):
     def _release_autograd_graph(self) -> None:
         """Drop the last forward's autograd graph that SB3's action distribution keeps (``distribution``), so the
         parameters' gradient accumulators are recreated on the stream that uses them next."""
-        if self._policy is not None and hasattr(self._policy.action_dist, "distribution"):
-            self._policy.action_dist.distribution = None
+        action_dist = getattr(self._step.policy, "action_dist", None)
+        if action_dist is not None and hasattr(action_dist, "distribution"):
+            action_dist.distribution = None
 
     def _capture(self, like: LogicalBatch) -> None:
         cache = self._cache
@@ -210,15 +164,16 @@ class CudaGraphUpdate(EagerUpdate):
         gradients_graph, apply_graph = th.cuda.CUDAGraph(), th.cuda.CUDAGraph()
         try:
             with th.cuda.graph(gradients_graph):
-                cache.static_stats = self._gradients(static_batch)
+                cache.static_stats = self._step.gradients(static_batch)
             with th.cuda.graph(apply_graph, pool=gradients_graph.pool()):
-                self._apply()
+                self._step.apply(cache.static_stats)
         except RuntimeError as error:
             raise RuntimeError(
                 "cuda_graphs=True: capturing the PPO update as a CUDA graph failed (some operation of this policy "
                 "synchronises with the host or changes shape). Train with cuda_graphs=False."
             ) from error
         cache.graphs = (gradients_graph, apply_graph)
+        cache.captures += 1
         cache.key = self.key(like)
 
     def close(self) -> None:
