@@ -151,26 +151,29 @@ def test_adopt_step_counters_records_device_counters() -> None:
 
 
 def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
-    """The cache key (pure Python, checked here on the CPU) must change with the lr, the loss settings and the
-    optimizer state's storage, and stay equal when nothing changed."""
+    """The cache key (pure Python, checked here on the CPU) must change with the loss settings and the optimizer
+    state's storage, and stay equal when nothing changed. A new learning rate is written into the cache's
+    persistent lr tensor, so it keeps the key (no recapture for schedules or the KL-adaptive lr)."""
     model = _model_with_rollout()
     batch = next(iter(MinibatchLoader(model._stage_rollout(), 32)))
     optimizer = model.policy.optimizer
+    cache = GraphCache()
 
     def key(target_kl: float | None = None):
-        graphed = CudaGraphStep(_step(model, target_kl), 32, 2, GraphCache())
+        graphed = CudaGraphStep(_step(model, target_kl), 32, 2, cache)
         value = graphed.key(batch)
+        assert float(optimizer.param_groups[0]["lr"]) == float(cache.learning_rates[0])  # graphs read this tensor
         graphed.close()
+        assert isinstance(optimizer.param_groups[0]["lr"], float)  # close() gave the float back
         return value
 
     first = key()
     assert key() == first
     assert key(0.5) != first
     optimizer.param_groups[0]["lr"] = 1e-3
-    changed_lr = key()
-    assert changed_lr != first
+    assert key() == first and float(cache.learning_rates[0]) == np.float32(1e-3)
     optimizer.load_state_dict(optimizer.state_dict())  # the same tensors: the graphs stay valid
-    assert key() == changed_lr
+    assert key() == first
     optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # same values, new storage: recapture
-    assert key() != changed_lr
+    assert key() != first
     assert optimizer.param_groups[0]["capturable"] is False  # close() gave the optimizer back

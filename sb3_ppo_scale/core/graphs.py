@@ -9,9 +9,10 @@ only while everything they baked in (a :class:`GraphKey`: loss settings, learnin
 minibatch shape, and the storage of the rollout, the parameters and the optimizer state) is unchanged; otherwise
 they are captured again. A learning-rate schedule therefore costs one capture per ``train()`` call.
 
-While a graph update is active the optimizer runs in its ``capturable`` mode, its step counters in persistent
-device tensors owned by the cache; on exit it is put back exactly as PyTorch keeps it otherwise, so saving, loading
-and CPU training see an ordinary optimizer.
+While a graph update is active the optimizer runs in its ``capturable`` mode, its step counters and its learning
+rates in persistent device tensors owned by the cache (a new learning rate is written into the same tensor, so a
+schedule or ``learning_rate="kl_adaptive"`` does not capture again); on exit it is put back exactly as PyTorch
+keeps it otherwise, so saving, loading and CPU training see an ordinary optimizer.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class GraphCache:
     side_stream: th.cuda.Stream | None = None
     #: how many times graphs were captured (a test counts reuse and recapture with it)
     captures: int = 0
+    #: param-group index -> the 0-d device tensor that holds its learning rate during graph updates
+    learning_rates: dict[int, th.Tensor] = field(default_factory=dict)
 
 
 class CudaGraphStep:
@@ -84,6 +87,7 @@ class CudaGraphStep:
         self._full_batches = full_batches
         self._checked = False
         self._previous_capturable = _make_capturable(self._optimizer, cache.steps)
+        self._previous_lr = _learning_rates_as_tensors(self._optimizer, cache.learning_rates)
 
     def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         if len(batch) != self._batch_size:
@@ -177,13 +181,34 @@ class CudaGraphStep:
         cache.key = self.key(like)
 
     def close(self) -> None:
-        """Give the optimizer back its ordinary (non-capturable) form; the graphs stay in the cache."""
+        """Give the optimizer back its ordinary (non-capturable, float learning rate) form; the graphs stay."""
+        for group, lr in zip(self._optimizer.param_groups, self._previous_lr):
+            group["lr"] = lr
         _restore_non_capturable(self._optimizer, self._previous_capturable)
 
 
 def _group_hyperparameters(group: dict[str, Any]) -> tuple:
-    """A param group's settings as a comparable tuple (lr, betas, eps, weight_decay, ...; not the parameters)."""
-    return tuple(sorted((name, repr(value)) for name, value in group.items() if name != "params"))
+    """A param group's settings as a comparable tuple (lr, betas, eps, weight_decay, ...; not the parameters). A
+    tensor setting counts by its storage (graphs read its current value)."""
+    return tuple(sorted(
+        (name, f"tensor@{value.data_ptr()}" if isinstance(value, th.Tensor) else repr(value))
+        for name, value in group.items() if name != "params"
+    ))
+
+
+def _learning_rates_as_tensors(optimizer: th.optim.Optimizer, persistent: dict[int, th.Tensor]) -> list[Any]:
+    """Put each param group's learning rate into its persistent 0-d device tensor (created on first use, on the
+    group's device, float32); returns the previous values for :meth:`CudaGraphStep.close`."""
+    previous = []
+    for index, group in enumerate(optimizer.param_groups):
+        previous.append(group["lr"])
+        tensor = persistent.get(index)
+        device = group["params"][0].device
+        if tensor is None or tensor.device != device:
+            tensor = persistent[index] = th.zeros((), dtype=th.float32, device=device)
+        tensor.fill_(float(group["lr"]))
+        group["lr"] = tensor
+    return previous
 
 
 def _step_counters(optimizer: th.optim.Optimizer, groups: list[dict[str, Any]] | None = None):

@@ -16,7 +16,8 @@ from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.guard import NonFiniteGuard
-from sb3_ppo_scale.core.kl import kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate
 from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
 from sb3_ppo_scale.core.sampling import MinibatchLoader
@@ -54,6 +55,10 @@ class ScalablePPO(PPO):
         and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
         (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`.
 
+    :param learning_rate: as SB3's (a number or a schedule), or ``"kl_adaptive"`` / a
+        :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
+        when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
+        below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
         optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
         :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
@@ -116,6 +121,12 @@ class ScalablePPO(PPO):
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
 
+    def _setup_lr_schedule(self) -> None:
+        """SB3's, after turning ``learning_rate="kl_adaptive"`` into a :class:`KLAdaptiveLR` (at construction and
+        in ``load(..., learning_rate=...)``)."""
+        self.learning_rate = resolve_learning_rate(self.learning_rate)
+        super()._setup_lr_schedule()
+
     def _saved_objective_state(self) -> dict[str, Any]:
         """The objective state a loaded model carries (models saved before objectives were objects kept ``_kl_beta``)."""
         state = self.__dict__.get("_objective_state")
@@ -176,7 +187,7 @@ class ScalablePPO(PPO):
                 stats = self._run_epochs(loader, step)
             finally:
                 step.close()
-            measured_kl = self._measure_kl(rollout, settings) if settings.penalises_kl else None
+            measured_kl = self._measure_kl(rollout, settings) if self._adapts_to_kl(settings) else None
         self._record(stats, settings, measured_kl)
 
     @property
@@ -234,10 +245,16 @@ class ScalablePPO(PPO):
             self._n_updates += 1
         return stats
 
+    def _adapts_to_kl(self, settings: LossSettings) -> bool:
+        """Something adapts to the KL measured after the update: the KL-penalty beta or the learning rate."""
+        return settings.penalises_kl or isinstance(self.learning_rate, KLAdaptiveLR)
+
     def _measure_kl(self, rollout: DeviceRollout, settings: LossSettings) -> th.Tensor:
-        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar."""
+        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar (the penalty's estimator; k3 when
+        only the learning rate adapts, which needs no rollout distribution)."""
         discrete = isinstance(self.action_space, spaces.Discrete)
-        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, settings.kl_estimator, discrete)
+        estimator = settings.kl_estimator if settings.penalises_kl else K3
+        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, estimator, discrete)
 
     def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
         """Log every key PPO logs, with the same meaning, after a single device-to-host sync; then adapt beta."""
@@ -262,7 +279,7 @@ class ScalablePPO(PPO):
         for key, value in self._hooks.train_log().items():  # e.g. train/retained_fraction
             self.logger.record(key, value)
         if measured_kl is not None:
-            self._adapt_kl_beta(summary["kl"], settings)
+            self._adapt_to_kl(summary["kl"], settings)
 
     def _count_nonfinite(self, skipped: int, consecutive: int) -> None:
         """Logged from the first skipped step on (a run without any logs exactly PPO's keys)."""
@@ -272,9 +289,13 @@ class ScalablePPO(PPO):
         if self._guard.on_device:
             self._guard.check_after_train(skipped, consecutive)
 
-    def _adapt_kl_beta(self, measured_kl: float, settings: LossSettings) -> None:
-        """Log the KL measured after the update and the beta it was trained with, then adapt beta."""
+    def _adapt_to_kl(self, measured_kl: float, settings: LossSettings) -> None:
+        """Log the KL measured after the update, then adapt the KL-penalty beta (logging the beta this update used)
+        and the KL-adaptive learning rate (used from the next update on)."""
         self.logger.record("train/kl", measured_kl)
-        self.logger.record("train/kl_coef", settings.kl_coef)
-        self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
-        self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]
+        if settings.penalises_kl:
+            self.logger.record("train/kl_coef", settings.kl_coef)
+            self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
+            self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]
+        if isinstance(self.learning_rate, KLAdaptiveLR):
+            self.learning_rate.adapt(measured_kl)

@@ -1,0 +1,72 @@
+"""``learning_rate="kl_adaptive"``: a learning rate that follows the measured KL divergence of each update.
+
+The rule of legged_gym / rsl_rl and rl_games' "adaptive" schedule, applied after every ``train()``: with ``kl`` the
+mean KL(pi_old || pi_new) over the rollout measured after the update,
+
+- ``lr /= factor`` when ``kl > 2 * target_kl``;
+- ``lr *= factor`` when ``kl < target_kl / 2``;
+- then ``lr`` is clamped to ``[min_lr, max_lr]``.
+
+Large-batch PPO (thousands of envs, few epochs) uses it to take steps as large as the KL budget allows.
+:class:`KLAdaptiveLR` is an SB3 schedule: SB3 calls it with the progress remaining and gets the current value, so
+``train/learning_rate`` logs it, and it is saved and loaded with the model as its ``learning_rate``.
+"""
+
+from __future__ import annotations
+
+from sb3_ppo_scale.core.checks import is_number
+
+#: the string ``ScalablePPO(learning_rate=...)`` accepts for :class:`KLAdaptiveLR` with its defaults
+KL_ADAPTIVE = "kl_adaptive"
+
+
+class KLAdaptiveLR:
+    """A learning rate adapted to a KL target after each update (see the module docstring).
+
+    :param initial: the first learning rate (default 3e-4, SB3 PPO's).
+    :param target_kl: the desired KL per update (default 0.01).
+    :param factor: the multiplicative step (default 1.5), > 1.
+    :param min_lr: lower bound (default 1e-5).
+    :param max_lr: upper bound (default 1e-2).
+    """
+
+    def __init__(self, initial: float = 3e-4, target_kl: float = 0.01, factor: float = 1.5, min_lr: float = 1e-5,
+                 max_lr: float = 1e-2) -> None:
+        for name, value in (("initial", initial), ("target_kl", target_kl), ("min_lr", min_lr), ("max_lr", max_lr)):
+            if not is_number(value) or value <= 0:
+                raise ValueError(f"KLAdaptiveLR {name} must be a number > 0, got {value!r}")
+        if not is_number(factor) or factor <= 1:
+            raise ValueError(f"KLAdaptiveLR factor must be a number > 1, got {factor!r}")
+        if not min_lr <= initial <= max_lr:
+            raise ValueError(f"KLAdaptiveLR initial must lie in [min_lr, max_lr] = [{min_lr:g}, {max_lr:g}], got {initial!r}")
+        self.value, self.target_kl, self.factor = float(initial), float(target_kl), float(factor)
+        self.min_lr, self.max_lr = float(min_lr), float(max_lr)
+
+    def __call__(self, progress_remaining: float) -> float:
+        """The current learning rate (SB3's schedule interface; the progress is not used)."""
+        return self.value
+
+    def adapt(self, measured_kl: float) -> float:
+        """Apply the rule to ``measured_kl`` (the update's mean KL); returns the new learning rate."""
+        if measured_kl > 2 * self.target_kl:
+            self.value /= self.factor
+        elif measured_kl < self.target_kl / 2:
+            self.value *= self.factor
+        self.value = min(max(self.value, self.min_lr), self.max_lr)
+        return self.value
+
+    def __repr__(self) -> str:
+        return (f"KLAdaptiveLR(value={self.value:g}, target_kl={self.target_kl:g}, factor={self.factor:g}, "
+                f"bounds=[{self.min_lr:g}, {self.max_lr:g}])")
+
+
+def resolve_learning_rate(learning_rate: object) -> object:
+    """``"kl_adaptive"`` becomes a :class:`KLAdaptiveLR` with its defaults; numbers and callables pass unchanged."""
+    if isinstance(learning_rate, str):
+        if learning_rate != KL_ADAPTIVE:
+            raise ValueError(
+                f"learning_rate must be a number, a schedule (callable of the progress remaining), a KLAdaptiveLR or "
+                f"{KL_ADAPTIVE!r}, got {learning_rate!r}"
+            )
+        return KLAdaptiveLR()
+    return learning_rate
