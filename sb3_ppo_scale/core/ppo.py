@@ -11,6 +11,7 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
+from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.core.checks import check_batching
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
@@ -108,6 +109,7 @@ class ScalablePPO(PPO):
     def _setup_model(self) -> None:
         """SB3's set-up plus ScalablePPO's derived state; the one place the added arguments are validated (it runs
         at construction and in ``load(..., **kwargs)``)."""
+        self.device = data_parallel.rank_device(self.device)  # cuda:LOCAL_RANK under torchrun
         self._config = ScaleConfig.of(self)
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         super()._setup_model()
@@ -135,6 +137,7 @@ class ScalablePPO(PPO):
         return dict(state or {})
 
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)
         # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
         self._config.check_runtime(self, self._buffer_device)
         if self.rollout_buffer is None:
@@ -167,6 +170,12 @@ class ScalablePPO(PPO):
                    "_reducer", "_kl_beta"]
         return [*super()._excluded_save_params(), *runtime]
 
+    def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
+        """SB3's; data-parallel ranks then agree on the global ``num_timesteps`` and on whether to go on."""
+        start = self.num_timesteps
+        collected = super().collect_rollouts(*args, **kwargs)
+        return collected if self._reducer.world_size == 1 else data_parallel.after_rollout(self, start, collected)
+
     @property
     def _hooks(self) -> RolloutHooks:
         """What the rollout buffer adds to the update (the prioritized buffer's order and weights)."""
@@ -180,7 +189,8 @@ class ScalablePPO(PPO):
         settings = self._loss_settings()
         with distribution_validation(False):
             rollout = self._prepare_rollout(settings)
-            loader = MinibatchLoader(rollout, self.batch_size, self.grad_accum_steps, target_device=self.device,
+            batch_size = data_parallel.local_batch_size(self, len(rollout))  # batch_size / world_size per rank
+            loader = MinibatchLoader(rollout, batch_size, self.grad_accum_steps, target_device=self.device,
                                      order=self._hooks.epoch_order)
             step = self._update_step(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
             try:
@@ -254,7 +264,8 @@ class ScalablePPO(PPO):
         only the learning rate adapts, which needs no rollout distribution)."""
         discrete = isinstance(self.action_space, spaces.Discrete)
         estimator = settings.kl_estimator if settings.penalises_kl else K3
-        return mean_rollout_kl(self.policy, rollout, self._micro_batch_size, estimator, discrete)
+        kl = mean_rollout_kl(self.policy, rollout, self._micro_batch_size, estimator, discrete)
+        return data_parallel.global_mean_kl(self, kl, len(rollout))  # all ranks adapt on the same KL
 
     def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
         """Log every key PPO logs, with the same meaning, after a single device-to-host sync; then adapt beta."""
