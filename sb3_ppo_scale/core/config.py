@@ -46,6 +46,7 @@ class ScaleConfig:
     cuda_graphs: bool = False
     compile_loss: bool = False
     nonfinite: str = "skip"
+    collect_device: str | th.device = "auto"
 
     @classmethod
     def of(cls, model: Any) -> "ScaleConfig":

@@ -13,6 +13,7 @@ from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.core.checks import check_batching
+from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
@@ -60,6 +61,10 @@ class ScalablePPO(PPO):
         :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
         when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
         below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
+    :param collect_device: where collection runs the policy for each env step (default "auto": the CPU when the
+        policy trains on CUDA with vector observations, else the policy's device). When it differs from ``device``
+        a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect`).
+        Saved with the model.
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
         optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
         :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
@@ -73,6 +78,7 @@ class ScalablePPO(PPO):
     cuda_graphs: bool = False
     compile_loss: bool = False
     nonfinite: str = "skip"
+    collect_device: str = "auto"
 
     def __init__(
         self,
@@ -89,6 +95,7 @@ class ScalablePPO(PPO):
         cuda_graphs: bool = False,
         compile_loss: bool = False,
         nonfinite: str = "skip",
+        collect_device: str | th.device = "auto",
         **kwargs: Any,
     ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
@@ -96,7 +103,7 @@ class ScalablePPO(PPO):
         # before PPO's own `batch_size > 1` assertion, so that error reads like every other (ScaleConfig.validate)
         check_batching(ppo_args.arguments["batch_size"], grad_accum_steps, ppo_args.arguments["normalize_advantage"])
         config = ScaleConfig(grad_accum_steps, buffer_device, objective, kl_coef, kl_penalty_target, kl_adapt_factor,
-                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite)
+                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite, collect_device)
         for name in ScaleConfig.__dataclass_fields__:
             setattr(self, name, getattr(config, name))
         self._n_grad_steps = 0
@@ -120,6 +127,8 @@ class ScalablePPO(PPO):
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
         self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
         self._reducer: Reducer = LOCAL  # data-parallel training replaces it
+        self._collect_device = resolve_collect_device(self.collect_device, self.device, self.observation_space)
+        self._collection: CollectionPolicy | None = None  # the policy's copy on _collect_device, made when needed
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
 
@@ -167,19 +176,29 @@ class ScalablePPO(PPO):
 
     def _excluded_save_params(self) -> list[str]:
         runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_loss", "_config", "_objective", "_guard",
-                   "_reducer", "_kl_beta"]
+                   "_reducer", "_kl_beta", "_collect_device", "_collection"]
         return [*super()._excluded_save_params(), *runtime]
-
-    def collect_rollouts(self, *args: Any, **kwargs: Any) -> bool:
-        """SB3's; data-parallel ranks then agree on the global ``num_timesteps`` and on whether to go on."""
-        start = self.num_timesteps
-        collected = super().collect_rollouts(*args, **kwargs)
-        return collected if self._reducer.world_size == 1 else data_parallel.after_rollout(self, start, collected)
 
     @property
     def _hooks(self) -> RolloutHooks:
         """What the rollout buffer adds to the update (the prioritized buffer's order and weights)."""
         return rollout_hooks(self.rollout_buffer)
+
+    # ----------------------------------------------------------------------------------------------- collection
+    def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """SB3's ``collect_rollouts`` with the policy run on ``collect_device`` (see that argument); data-parallel
+        ranks then agree on the global ``num_timesteps`` and on whether to go on."""
+        start = self.num_timesteps
+        collected = self._collect_on_device(env, callback, rollout_buffer, n_rollout_steps)
+        return collected if self._reducer.world_size == 1 else data_parallel.after_rollout(self, start, collected)
+
+    def _collect_on_device(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        if self._collect_device == self.device:
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        if self._collection is None or self._collection.device != self._collect_device:
+            self._collection = CollectionPolicy(self.policy, self._collect_device)
+        with collecting_on(self, self._collection):
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     # ----------------------------------------------------------------------------------------------- update
     def train(self) -> None:

@@ -1,0 +1,76 @@
+"""``collect_device``: run collection's per-step policy inference on another device than training.
+
+On a GPU box a small MLP policy can be slower to run one env step at a time on the GPU than on the CPU: each step
+pays kernel-launch and host-device copy latency for a few thousand multiply-adds (docs/known-limits.md says what was
+and was not measured). With ``collect_device="cpu"`` the model keeps
+a CPU copy of its policy, copies the trained parameters into it once per rollout, and SB3's own
+``collect_rollouts`` runs with that copy as ``model.policy`` (and ``model.device``) for the duration of the
+rollout. Callbacks called during collection see the copy: it has the same parameters, and its ``optimizer`` is the
+training policy's, so a callback that saves the model saves the real state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch as th
+from stable_baselines3.common.preprocessing import is_image_space
+
+#: what ``collect_device`` may be
+COLLECT_DEVICES = "'auto', 'cpu', 'cuda', 'cuda:<index>' or a torch.device"
+
+
+def resolve_collect_device(collect_device: object, policy_device: th.device, observation_space: Any) -> th.device:
+    """``"auto"``: the CPU for a vector-observation policy trained on CUDA (per-step inference is latency-bound),
+    the policy's device otherwise (an image policy's convolutions are worth the GPU)."""
+    if isinstance(collect_device, str) and collect_device == "auto":
+        vector_obs = observation_space is None or not is_image_space(observation_space, check_channels=False)
+        return th.device("cpu") if policy_device.type == "cuda" and vector_obs else policy_device
+    try:
+        device = th.device(collect_device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"collect_device must be {COLLECT_DEVICES}, got {collect_device!r}") from error
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"collect_device must be {COLLECT_DEVICES}, got {collect_device!r}")
+    if device.type == "cuda" and not th.cuda.is_available():
+        raise ValueError(f"collect_device={collect_device!r} but CUDA is not available here; use 'auto' or 'cpu'")
+    return device
+
+
+class CollectionPolicy:
+    """A copy of the training policy on the collection device, refreshed once per rollout.
+
+    :param policy: the training policy (its ``optimizer`` stays the one the copy exposes).
+    :param device: the collection device.
+    """
+
+    def __init__(self, policy: th.nn.Module, device: th.device) -> None:
+        optimizer = policy.optimizer  # type: ignore[union-attr]
+        policy.optimizer = None  # type: ignore[assignment,union-attr]  # not deep-copied
+        try:
+            self.policy = copy.deepcopy(policy).to(device)
+        finally:
+            policy.optimizer = optimizer  # type: ignore[union-attr]
+        self.policy.optimizer = optimizer  # type: ignore[assignment]
+        self.device = device
+
+    def refresh(self, policy: th.nn.Module) -> None:
+        """Copy ``policy``'s parameters and buffers in (one host-device transfer per rollout)."""
+        with th.no_grad():
+            for target, source in zip(self.policy.state_dict().values(), policy.state_dict().values()):
+                target.copy_(source, non_blocking=False)
+
+
+@contextmanager
+def collecting_on(model: Any, collection: CollectionPolicy) -> Iterator[None]:
+    """Within the block ``model.policy`` and ``model.device`` are the collection copy and its device."""
+    policy, device = model.policy, model.device
+    collection.refresh(policy)
+    model.policy, model.device = collection.policy, collection.device
+    try:
+        yield
+    finally:
+        model.policy, model.device = policy, device

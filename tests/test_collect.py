@@ -1,0 +1,67 @@
+"""``collect_device``: collection on a copy of the policy gives the same training, with the copy refreshed once per
+rollout. On this CPU-only machine the copy lives on "cpu:0", a device that compares unequal to "cpu" (so the copy
+path runs) and computes exactly like it (so results must be bit-identical)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+
+from sb3_ppo_scale import ScalablePPO
+from sb3_ppo_scale.core import collect
+from tests.helpers import assert_identical
+
+SMALL = dict(n_steps=64, batch_size=32, n_epochs=2, device="cpu", seed=0)
+
+
+class PolicySeen(BaseCallback):
+    """Records which policy object and which device the model shows during collection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def _on_step(self) -> bool:
+        self.seen.add((id(self.model.policy), str(self.model.device)))
+        return True
+
+
+def test_copy_on_another_device_trains_identically() -> None:
+    plain = ScalablePPO("MlpPolicy", "Pendulum-v1", **SMALL)
+    plain.learn(4 * 64)
+    copied = ScalablePPO("MlpPolicy", "Pendulum-v1", collect_device="cpu:0", **SMALL)
+    seen = PolicySeen()
+    with mock.patch.object(collect.CollectionPolicy, "refresh", autospec=True, side_effect=collect.CollectionPolicy.refresh) as refresh:
+        copied.learn(4 * 64, callback=seen)
+    assert refresh.call_count == 4  # once per rollout
+    assert copied._collection is not None and seen.seen == {(id(copied._collection.policy), "cpu:0")}
+    assert copied.policy is not copied._collection.policy and str(copied.device) == "cpu"  # restored after each rollout
+    assert_identical(plain, copied)
+
+
+def test_copy_exposes_the_training_optimizer_and_is_not_saved(tmp_path) -> None:
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", collect_device="cpu:0", **SMALL)
+    model.learn(2 * 64)
+    assert model._collection.policy.optimizer is model.policy.optimizer
+    model.save(tmp_path / "m")
+    loaded = ScalablePPO.load(tmp_path / "m", device="cpu")
+    assert loaded.collect_device == "cpu:0" and loaded._collection is None
+    assert_identical(model, loaded)
+
+
+def test_auto_picks_the_cpu_for_vector_policies_on_cuda_only() -> None:
+    from gymnasium import spaces
+
+    vector, image = spaces.Box(-1, 1, (3,)), spaces.Box(0, 255, (4, 84, 84), dtype="uint8")
+    assert collect.resolve_collect_device("auto", th.device("cuda"), vector) == th.device("cpu")
+    assert collect.resolve_collect_device("auto", th.device("cuda"), image) == th.device("cuda")
+    assert collect.resolve_collect_device("auto", th.device("cpu"), vector) == th.device("cpu")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "mps", 3.5])
+def test_bad_collect_device(bad) -> None:
+    with pytest.raises(ValueError, match=r"collect_device must be 'auto', 'cpu', 'cuda'"):
+        ScalablePPO("MlpPolicy", "Pendulum-v1", collect_device=bad, **SMALL)
