@@ -1,0 +1,602 @@
+"""Exact resume: checkpoints that hold everything the next update depends on, and preemption (SIGTERM/SIGINT).
+
+A checkpoint is one file (``torch.save`` of a dict, written to a temporary file in the same folder and then
+``os.replace``-d over the previous one, so a crash while writing leaves the previous checkpoint intact). It holds:
+
+- ``model_zip``: SB3's ``save()`` of the model (parameters, optimizer state, hyperparameters, ScalablePPO's
+  objective state (the adapted KL beta), ``_n_grad_steps``, ``_n_nonfinite_steps`` and every other plain
+  attribute, e.g. an adaptive learning rate's state);
+- ``counters``: ``num_timesteps``, ``_episode_num``, ``_n_updates``, ``_total_timesteps`` (the ``learn()``
+  budget) and ``_current_progress_remaining``, so schedules continue where they were;
+- ``ranks``: per data-parallel rank (one entry in one process) what lives in that process only: the torch (CPU and
+  CUDA), NumPy and Python RNG states, each env's ``np_random`` state (where ``get_attr`` can read it), the
+  VecNormalize statistics, the prioritized buffer's retained pool (``PrioritizedRolloutBuffer.state_dict()``),
+  SB3's ``_last_obs`` / ``_last_episode_starts`` / ``_last_original_obs``, the episode-info buffers, the logger's
+  pending values (the last update's ``train/*`` records, written at the next log step), the non-finite guard's
+  consecutive-skip count and gSDE's exploration matrices;
+- ``logger``: the TensorBoard folder, so a resumed run writes into the same run folder.
+
+Checkpoints are taken at rollout boundaries (after an update, before the next rollout). A preempted rollout is
+abandoned: the checkpoint is the state at the start of that rollout (captured there; parameters, optimizer and
+retained pool do not change during collection).
+
+Resuming: :func:`load_checkpoint` (also ``ScalablePPO.load_checkpoint(path, env)``) rebuilds the model on a new env,
+resets that env (episodes in progress at the checkpoint restart; see docs/checkpoints.md) and restores the rest;
+:func:`learn_resumable` runs ``learn()`` for what is left of the saved budget, in the same TensorBoard run, with a
+:class:`ResumableCheckpoint` callback that writes every ``every_steps`` env steps and on SIGTERM/SIGINT, and
+raises :class:`TrainingPreempted` (a ``SystemExit`` with code :data:`PREEMPTED_EXIT_CODE`) after writing.
+
+Checkpoints use pickle (like SB3's zip files): load only checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import random
+import signal
+import sys
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.logger import (
+    CSVOutputFormat,
+    HumanOutputFormat,
+    JSONOutputFormat,
+    TensorBoardOutputFormat,
+    configure,
+)
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
+
+#: Format version of the checkpoint dict (a checkpoint of another version is refused with a clear error).
+CHECKPOINT_VERSION = 1
+#: Exit code of a run stopped by SIGTERM/SIGINT after writing its checkpoint: sysexits.h's EX_TEMPFAIL
+#: ("temporary failure, retry"). Distinct from 143/130, which a shell reports for a process the signal killed
+#: (no checkpoint written), so a job script can requeue on exactly this code.
+PREEMPTED_EXIT_CODE = 75
+#: Signals that stop training with a checkpoint (``ResumableCheckpoint(signals=...)``).
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+#: Models returned by :func:`load_checkpoint` -> what :func:`learn_resumable` and the callback still need.
+_RESUMED: weakref.WeakKeyDictionary[BaseAlgorithm, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+class NonFiniteCheckpointError(ValueError):
+    """Refused to write a checkpoint holding NaN or infinite parameters or optimizer state."""
+
+
+class TrainingPreempted(SystemExit):
+    """Training stopped on a signal after writing its checkpoint; ``code`` is :data:`PREEMPTED_EXIT_CODE`.
+
+    Uncaught, the process exits with that code. ``path`` is the checkpoint, ``signal_name`` the signal.
+    """
+
+    def __init__(self, path: Path, signal_name: str, num_timesteps: int) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.path, self.signal_name, self.num_timesteps = path, signal_name, num_timesteps
+
+    def __str__(self) -> str:
+        return (f"stopped by {self.signal_name} at {self.num_timesteps} env steps; checkpoint {self.path} written; "
+                f"run the same command with --resume (exit code {PREEMPTED_EXIT_CODE})")
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+def _rank_and_world() -> tuple[int, int]:
+    """This process's data-parallel rank and the world size (0, 1 without an initialised torch.distributed)."""
+    if th.distributed.is_available() and th.distributed.is_initialized():
+        return th.distributed.get_rank(), th.distributed.get_world_size()
+    return 0, 1
+
+
+def _gather(local: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``local`` state, in rank order (a collective under torch.distributed: every rank calls it)."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return [local]
+    gathered: list[Any] = [None] * world
+    th.distributed.all_gather_object(gathered, local)
+    return gathered
+
+
+def _any_rank(flag: bool) -> bool:
+    """True if ``flag`` is true on any rank (a collective under torch.distributed)."""
+    rank, world = _rank_and_world()
+    if world == 1:
+        return flag
+    value = th.tensor([int(flag)])
+    th.distributed.all_reduce(value, op=th.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+# ------------------------------------------------------------------------------------------------ capture
+def _rng_state() -> dict[str, Any]:
+    cuda = th.cuda.get_rng_state_all() if th.cuda.is_available() and th.cuda.is_initialized() else None
+    return {"torch": th.get_rng_state(), "cuda": cuda, "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    th.set_rng_state(state["torch"])
+    if state["cuda"] is not None and th.cuda.is_available() and len(state["cuda"]) == th.cuda.device_count():
+        th.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _env_rng_states(env: VecEnv) -> tuple[list[Any] | None, str]:
+    """Each env's ``np_random`` bit-generator state, or None and why it cannot be read."""
+    try:
+        generators = env.get_attr("np_random")
+    except Exception as error:  # EnvPool and custom VecEnvs may not expose it
+        return None, f"{type(env).__name__}.get_attr('np_random') failed: {type(error).__name__}: {error}"
+    if not all(isinstance(g, np.random.Generator) for g in generators):
+        return None, "an env's np_random is not a numpy Generator"
+    return [copy.deepcopy(g.bit_generator.state) for g in generators], ""
+
+
+def _set_env_rng_states(env: VecEnv, states: list[Any]) -> None:
+    generators = env.get_attr("np_random")
+    for index, (generator, state) in enumerate(zip(generators, states)):
+        restored = np.random.Generator(type(generator.bit_generator)())
+        restored.bit_generator.state = state
+        env.set_attr("np_random", restored, indices=[index])
+
+
+def _sde_noise(model: BaseAlgorithm) -> dict[str, th.Tensor] | None:
+    """gSDE's current exploration matrices (None without gSDE)."""
+    if not getattr(model, "use_sde", False):
+        return None
+    dist = model.policy.action_dist
+    names = ("exploration_mat", "exploration_matrices")
+    return {name: getattr(dist, name).detach().clone() for name in names if getattr(dist, name, None) is not None}
+
+
+def _logger_formats(model: BaseAlgorithm) -> tuple[str | None, list[str]]:
+    """The logger's TensorBoard folder (None without TensorBoard) and its format names."""
+    names, folder = [], None
+    for output in model.logger.output_formats:
+        if isinstance(output, TensorBoardOutputFormat):
+            names.append("tensorboard")
+            folder = output.writer.log_dir
+        elif isinstance(output, HumanOutputFormat):
+            names.append("stdout" if output.file is sys.stdout else "log")
+        elif isinstance(output, CSVOutputFormat):
+            names.append("csv")
+        elif isinstance(output, JSONOutputFormat):
+            names.append("json")
+    return folder, names
+
+
+#: VecNormalize's constructor arguments, saved so that a bare VecEnv can be wrapped as the original was
+_VEC_NORMALIZE_SETTINGS = ("training", "norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma", "epsilon",
+                           "norm_obs_keys")
+
+
+def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
+    """What changes while a rollout is collected, as it is now (call it at a rollout boundary).
+
+    Parameters, optimizer state and the retained pool change only in ``train()``; they are read when the
+    checkpoint is written.
+    """
+    env = model.get_env()
+    env_rng, env_rng_note = _env_rng_states(env) if env is not None else (None, "no env")
+    vec_normalize = model.get_vec_normalize_env()
+    logger = model.logger
+    return {
+        "counters": {name: copy.deepcopy(getattr(model, name, None)) for name in
+                     ("num_timesteps", "_episode_num", "_n_updates", "_total_timesteps", "_current_progress_remaining")},
+        "rng": _rng_state(),
+        "env_rng": env_rng,
+        "env_rng_note": env_rng_note,
+        "vec_normalize": None if vec_normalize is None else {
+            "obs_rms": copy.deepcopy(vec_normalize.obs_rms), "ret_rms": copy.deepcopy(vec_normalize.ret_rms),
+            "settings": {name: copy.deepcopy(getattr(vec_normalize, name)) for name in _VEC_NORMALIZE_SETTINGS}},
+        "last_obs": copy.deepcopy(model._last_obs),
+        "last_episode_starts": copy.deepcopy(model._last_episode_starts),
+        "ep_info_buffer": None if model.ep_info_buffer is None else list(copy.deepcopy(model.ep_info_buffer)),
+        "ep_success_buffer": None if model.ep_success_buffer is None else list(model.ep_success_buffer),
+        "logger_pending": {"values": dict(logger.name_to_value), "counts": dict(logger.name_to_count),
+                           "excluded": dict(logger.name_to_excluded)},
+        "guard_consecutive": _guard_consecutive(model),
+        "sde_noise": _sde_noise(model),
+    }
+
+
+def _guard_consecutive(model: BaseAlgorithm) -> int:
+    guard = getattr(model, "_guard", None)
+    if guard is None:
+        return 0
+    return int(guard.consecutive.item()) if guard.on_device else int(guard._consecutive_host)
+
+
+# ------------------------------------------------------------------------------------------------ write
+def check_finite(model: BaseAlgorithm) -> None:
+    """NonFiniteCheckpointError naming the first parameter or optimizer-state tensor holding NaN or inf."""
+    for name, parameter in model.policy.named_parameters():
+        if not th.isfinite(parameter).all():
+            raise NonFiniteCheckpointError(f"refusing to write a checkpoint: parameter {name!r} holds NaN or inf "
+                                           "(the previous checkpoint is kept)")
+    for index, state in model.policy.optimizer.state.items() if hasattr(model.policy, "optimizer") else ():
+        for key, value in state.items():
+            if isinstance(value, th.Tensor) and value.is_floating_point() and not th.isfinite(value).all():
+                raise NonFiniteCheckpointError(f"refusing to write a checkpoint: optimizer state {key!r} holds NaN "
+                                               "or inf (the previous checkpoint is kept)")
+
+
+def _model_zip(model: BaseAlgorithm) -> bytes:
+    buffer = io.BytesIO()
+    model.save(buffer)
+    return buffer.getvalue()
+
+
+def _local_state(model: BaseAlgorithm, boundary: dict[str, Any]) -> dict[str, Any]:
+    """The boundary state plus what only this process holds and only train() changes (the retained pool)."""
+    buffer = getattr(model, "rollout_buffer", None)
+    pool = buffer.state_dict() if buffer is not None and hasattr(buffer, "state_dict") else None
+    return {**boundary, "rollout_buffer": pool}
+
+
+def atomic_write(state: dict[str, Any], path: str | Path) -> Path:
+    """``torch.save(state)`` to a temporary file next to ``path``, fsync, then ``os.replace`` it onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            th.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return path
+
+
+def save_checkpoint(model: BaseAlgorithm, path: str | Path, boundary: dict[str, Any] | None = None) -> Path | None:
+    """Write a checkpoint of ``model`` to ``path`` (atomically); returns the path (None on ranks other than 0).
+
+    :param boundary: :func:`capture_boundary` taken at the last rollout boundary (default: now; right for a model
+        between ``learn()`` calls). Under torch.distributed every rank must call this (the rank-local states are
+        gathered) and rank 0 writes.
+    :raises NonFiniteCheckpointError: a parameter or optimizer-state tensor is not finite (nothing is written).
+    """
+    check_finite(model)
+    local = _local_state(model, capture_boundary(model) if boundary is None else boundary)
+    ranks = _gather(local)
+    if _rank_and_world()[0] != 0:
+        return None
+    logger_dir, logger_formats = _logger_formats(model)
+    state = {
+        "version": CHECKPOINT_VERSION,
+        "algorithm": type(model).__name__,
+        "model_zip": _model_zip(model),
+        "counters": local["counters"],
+        "ranks": ranks,
+        "logger": {"tensorboard_dir": logger_dir, "formats": logger_formats},
+    }
+    return atomic_write(state, path)
+
+
+# ------------------------------------------------------------------------------------------------ read
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint dict; FileNotFoundError / ValueError saying what is wrong with the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    try:
+        state = th.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise ValueError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or state.get("version") != CHECKPOINT_VERSION:
+        version = state.get("version") if isinstance(state, dict) else None
+        raise ValueError(f"{path} is not a sb3_ppo_scale checkpoint of version {CHECKPOINT_VERSION} (found {version!r})")
+    return state
+
+
+def _prepare_env(env: VecEnv, local: dict[str, Any]) -> VecEnv:
+    """``env`` with VecNormalize where the checkpoint has statistics: a bare VecEnv is wrapped, else required."""
+    saved = local["vec_normalize"]
+    if saved is None or unwrap_vec_normalize(env) is not None:
+        return env
+    if isinstance(env, VecEnvWrapper):
+        raise ValueError("env: the checkpoint holds VecNormalize statistics but env has no VecNormalize; wrap env as "
+                         "it was wrapped when the checkpoint was written")
+    return VecNormalize(env, **saved["settings"])
+
+
+def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> None:
+    """Reset the env without touching VecNormalize's statistics, then restore them and each env's RNG."""
+    env, vec_normalize = model.get_env(), model.get_vec_normalize_env()
+    assert env is not None
+    if vec_normalize is not None:
+        vec_normalize.obs_rms = copy.deepcopy(local["vec_normalize"]["obs_rms"])
+        vec_normalize.ret_rms = copy.deepcopy(local["vec_normalize"]["ret_rms"])
+        training, vec_normalize.training = vec_normalize.training, False
+    try:
+        model._last_obs = env.reset()
+    finally:
+        if vec_normalize is not None:
+            vec_normalize.training = training
+    model._last_episode_starts = np.ones((env.num_envs,), dtype=bool)
+    if vec_normalize is not None:
+        model._last_original_obs = vec_normalize.get_original_obs()
+    if local["env_rng"] is not None and len(local["env_rng"]) == env.num_envs:
+        _set_env_rng_states(env, local["env_rng"])
+
+
+def _restarted_envs(model: BaseAlgorithm, local: dict[str, Any]) -> int:
+    """How many envs start from another observation than the checkpointed run would have (0: exact)."""
+    saved_obs, starts = local["last_obs"], local["last_episode_starts"]
+    if saved_obs is None or starts is None or isinstance(saved_obs, dict):
+        return 0 if saved_obs is None else int(np.sum(~np.asarray(starts, dtype=bool)))
+    same = np.all(np.asarray(saved_obs).reshape(len(starts), -1) == np.asarray(model._last_obs).reshape(len(starts), -1), axis=1)
+    return int(np.sum(~(same & np.asarray(starts, dtype=bool))))
+
+
+def _restore_counters(model: BaseAlgorithm, counters: dict[str, Any]) -> None:
+    for name, value in counters.items():
+        if value is not None:
+            setattr(model, name, value)
+
+
+def _restore_local(model: BaseAlgorithm, local: dict[str, Any]) -> None:
+    if local["rollout_buffer"] is not None and hasattr(model.rollout_buffer, "load_state_dict"):
+        model.rollout_buffer.load_state_dict(local["rollout_buffer"])
+    model.ep_info_buffer = deque(local["ep_info_buffer"] or [], maxlen=model._stats_window_size)
+    model.ep_success_buffer = deque(local["ep_success_buffer"] or [], maxlen=model._stats_window_size)
+    guard = getattr(model, "_guard", None)
+    if guard is not None:
+        guard._consecutive_host = local["guard_consecutive"]
+        guard.consecutive.fill_(local["guard_consecutive"])
+    _restore_sde_noise(model, local["sde_noise"])
+    _set_rng_state(local["rng"])
+
+
+def _restore_sde_noise(model: BaseAlgorithm, noise: dict[str, th.Tensor] | None) -> None:
+    if noise:
+        for name, value in noise.items():
+            setattr(model.policy.action_dist, name, value.to(model.device))
+
+
+def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "auto", cls: type | None = None,
+                    **kwargs: Any) -> BaseAlgorithm:
+    """The model of a checkpoint, ready to continue training on ``env`` (see the module docstring).
+
+    ``env`` is built as for the original run (same number of envs; VecNormalize is added to a bare VecEnv when the
+    checkpoint has statistics); it is reset here. Continue with :func:`learn_resumable` (same budget, same
+    TensorBoard run). Under torch.distributed each rank takes its own rank's state.
+
+    :param cls: the algorithm class (default: ScalablePPO); ``kwargs`` go to its ``load``.
+    """
+    if cls is None:
+        from sb3_ppo_scale.core.ppo import ScalablePPO
+
+        cls = ScalablePPO
+    state = read_checkpoint(path)
+    rank, world = _rank_and_world()
+    if len(state["ranks"]) != world:
+        raise ValueError(f"checkpoint {path} was written by {len(state['ranks'])} rank(s), this run has {world}")
+    local = state["ranks"][rank]
+    model = cls.load(io.BytesIO(state["model_zip"]), env=_prepare_env(env, local), device=device, **kwargs)
+    _restore_counters(model, state["counters"])
+    _restore_env(model, local)
+    _restore_local(model, local)
+    notes = []
+    if local["env_rng"] is None:
+        notes.append(f"env RNG not restored ({local['env_rng_note']})")
+    restarted = _restarted_envs(model, local)
+    if restarted:
+        notes.append(f"{restarted} env(s) restart their episode (mid-episode at the checkpoint, or a random reset)")
+    _RESUMED[model] = {"state": state, "local": local, "notes": notes, "path": Path(path)}
+    return model
+
+
+def resume_notes(model: BaseAlgorithm) -> list[str]:
+    """What the resume of ``model`` could not restore exactly (empty: the run continues bit-identically)."""
+    entry = _RESUMED.get(model)
+    return [] if entry is None else list(entry["notes"])
+
+
+# ------------------------------------------------------------------------------------------------ callback
+class ResumableCheckpoint(BaseCallback):
+    """Writes a checkpoint to ``path`` every ``every_steps`` env steps and when SIGTERM/SIGINT arrives.
+
+    Checkpoints are taken at rollout boundaries. On a signal the current rollout is abandoned (its env steps are
+    discarded; the checkpoint is the state at its start) or, when the signal arrives during an update, the
+    update finishes first; then ``learn()`` returns and :attr:`preempted` is True (:func:`learn_resumable` then
+    raises :class:`TrainingPreempted`). A second SIGINT interrupts at once (KeyboardInterrupt). A final
+    checkpoint is written when ``learn()`` ends normally.
+
+    Under torch.distributed every rank runs this callback: the ranks agree on stopping at the next rollout
+    boundary (one all-reduce of a flag per rollout; a rollout is never abandoned half-way there), every rank's
+    local state is gathered and rank 0 writes.
+
+    :param path: the checkpoint file (its folder is created).
+    :param every_steps: env steps (all envs together) between checkpoints, >= 1, or None (only on signals and at
+        the end; default).
+    :param signals: signals that stop training with a checkpoint (default SIGTERM and SIGINT; ``()``: none).
+        Handlers are installed for the duration of ``learn()`` (main thread only) and then restored.
+    """
+
+    def __init__(self, path: str | Path, every_steps: int | None = None,
+                 signals: Sequence[signal.Signals] = DEFAULT_SIGNALS, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                        or every_steps < 1):
+            raise ValueError(f"every_steps must be None or an int >= 1, got {every_steps!r}")
+        self.path, self.every_steps, self.signals = Path(path), every_steps, tuple(signals)
+        self.preempted = False  #: True once a signal stopped training (the checkpoint is written)
+        self.signal_name: str | None = None
+        self.written: list[int] = []  #: num_timesteps of each checkpoint written by this callback
+        self._signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._boundary: dict[str, Any] | None = None
+        self._boundary_written = False
+        self._in_rollout = False
+        self._stop = False
+        self._last_written = 0
+
+    # -------------------------------------------------------------------------------- signals
+    def _on_training_start(self) -> None:
+        self._last_written = self.model.num_timesteps
+        self._install_handlers()
+
+    def _install_handlers(self) -> None:
+        for signum in self.signals:
+            try:
+                self._previous_handlers[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: the caller handles signals
+                self._previous_handlers.clear()
+                return
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._signal is not None and signum == signal.SIGINT:
+            self._restore_handlers()
+            raise KeyboardInterrupt
+        self._signal = signum
+        name = signal.Signals(signum).name
+        os.write(2, f"received {name}: stopping training, writing checkpoint {self.path}\n".encode())
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop signal arrived during this ``learn()``."""
+        return self._signal is not None
+
+    # -------------------------------------------------------------------------------- rollouts
+    def _on_rollout_start(self) -> None:
+        _reapply_resume(self.model)
+        self._boundary, self._boundary_written, self._in_rollout = capture_boundary(self.model), False, True
+        if _any_rank(self.stop_requested):
+            self._stop = True
+            self._write(self._boundary)
+        elif self.every_steps is not None and self.model.num_timesteps - self._last_written >= self.every_steps:
+            self._write(self._boundary)
+
+    def _on_rollout_end(self) -> None:
+        self._in_rollout = False
+
+    def _on_step(self) -> bool:
+        _, world = _rank_and_world()
+        if world == 1 and self.stop_requested:
+            self._stop = True
+        return not self._stop
+
+    def _on_training_end(self) -> None:
+        self._restore_handlers()
+        if self._in_rollout and self._boundary is not None:  # an abandoned rollout: the state at its start
+            if not self._boundary_written:
+                self._write(self._boundary)
+        else:  # after an update: a boundary now
+            self._write(capture_boundary(self.model))
+        if _any_rank(self.stop_requested):
+            self._stop = True
+        if self._stop:
+            self.preempted = True
+            self.signal_name = signal.Signals(self._signal).name if self._signal is not None else "a signal on another rank"
+
+    def write_now(self) -> None:
+        """Write the checkpoint from the last rollout boundary (e.g. after an env worker died on the signal)."""
+        if self._boundary is not None and not self._boundary_written:
+            self._write(self._boundary)
+
+    def _write(self, boundary: dict[str, Any]) -> None:
+        save_checkpoint(self.model, self.path, boundary)
+        self._boundary_written = boundary is self._boundary
+        self._last_written = boundary["counters"]["num_timesteps"]
+        self.written.append(self._last_written)
+        if self.verbose >= 1:
+            print(f"checkpoint {self.path} at {self._last_written} env steps", flush=True)
+
+
+def _reapply_resume(model: BaseAlgorithm) -> None:
+    """At the first rollout after :func:`load_checkpoint`: the RNG states and gSDE noise as they were at the
+    checkpoint's boundary (whatever ran in between, e.g. SB3 resampling gSDE noise, is undone)."""
+    entry = _RESUMED.get(model)
+    if entry is None or entry.get("reapplied"):
+        return
+    entry["reapplied"] = True
+    _restore_sde_noise(model, entry["local"]["sde_noise"])
+    _set_rng_state(entry["local"]["rng"])
+
+
+# ------------------------------------------------------------------------------------------------ learn
+def _continue_logger(model: BaseAlgorithm, entry: dict[str, Any]) -> None:
+    """The checkpointed run's logger: same TensorBoard folder (events after the checkpoint's step purged), its
+    pending values restored."""
+    saved = entry["state"]["logger"]
+    folder = saved["tensorboard_dir"]
+    logger = configure(folder, [name for name in saved["formats"] if name != "log" or folder] or [""])
+    step = int(entry["state"]["counters"]["num_timesteps"])
+    for output in logger.output_formats:
+        if isinstance(output, TensorBoardOutputFormat):  # TensorBoard drops events of a killed run after `step`
+            from torch.utils.tensorboard import SummaryWriter
+
+            output.writer.close()
+            output.writer = SummaryWriter(log_dir=folder, purge_step=step + 1)
+    pending = entry["local"]["logger_pending"]
+    logger.name_to_value.update(pending["values"])
+    logger.name_to_count.update(pending["counts"])
+    logger.name_to_excluded.update(pending["excluded"])
+    model.set_logger(logger)
+
+
+def learn_resumable(model: BaseAlgorithm, total_timesteps: int | None, checkpoint: ResumableCheckpoint,
+                    callback: Any = None, **learn_kwargs: Any) -> BaseAlgorithm:
+    """``model.learn()`` until ``num_timesteps`` reaches ``total_timesteps``, checkpointing with ``checkpoint``.
+
+    A model from :func:`load_checkpoint` continues its run: ``learn()`` gets what is left of the budget with
+    ``reset_num_timesteps=False`` (schedules see the same progress), and logs into the same TensorBoard run.
+
+    :param total_timesteps: the whole run's budget in env steps (None: the checkpoint's; required for a new model).
+    :param callback: further callbacks (run after ``checkpoint``).
+    :param learn_kwargs: ``log_interval``, ``tb_log_name``, ``progress_bar``.
+    :raises TrainingPreempted: a signal stopped training; the checkpoint is written.
+    """
+    entry = _RESUMED.get(model)
+    callbacks = CallbackList([checkpoint, *(callback if isinstance(callback, list) else [callback] if callback else [])])
+    if entry is None:
+        if total_timesteps is None:
+            raise ValueError("total_timesteps must be given for a model that was not loaded from a checkpoint")
+        learn = lambda: model.learn(total_timesteps, callback=callbacks, **learn_kwargs)  # noqa: E731
+    else:
+        budget = int(entry["state"]["counters"]["_total_timesteps"]) if total_timesteps is None else total_timesteps
+        _continue_logger(model, entry)
+        remaining = max(0, budget - model.num_timesteps)
+        learn = lambda: model.learn(remaining, callback=callbacks, reset_num_timesteps=False, **learn_kwargs)  # noqa: E731
+    try:
+        learn()
+    except Exception:
+        if not checkpoint.stop_requested:
+            raise
+        checkpoint.write_now()  # e.g. a SubprocVecEnv worker died of the same signal
+        raise TrainingPreempted(checkpoint.path, signal.Signals(checkpoint._signal).name, model.num_timesteps)
+    finally:
+        _RESUMED.pop(model, None)
+    if checkpoint.preempted:
+        raise TrainingPreempted(checkpoint.path, checkpoint.signal_name or "a signal",
+                                checkpoint.written[-1] if checkpoint.written else model.num_timesteps)
+    return model
+
+
+__all__ = [
+    "CHECKPOINT_VERSION", "PREEMPTED_EXIT_CODE", "NonFiniteCheckpointError", "ResumableCheckpoint", "TrainingPreempted",
+    "capture_boundary", "learn_resumable", "load_checkpoint", "read_checkpoint", "resume_notes", "save_checkpoint",
+]

@@ -1,0 +1,214 @@
+"""Exact resume from checkpoints (sb3_ppo_scale.checkpoint): a run preempted in rollout k+1 and resumed from its
+checkpoint ends bit-identical to an uninterrupted run; atomic writes; non-finite parameters refused; a real
+``sb3-ppo-scale train`` subprocess stopped by SIGTERM exits with PREEMPTED_EXIT_CODE and its resume completes the
+budget in the same TensorBoard run without a gap or a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+
+from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
+from sb3_ppo_scale.checkpoint import (
+    PREEMPTED_EXIT_CODE,
+    NonFiniteCheckpointError,
+    ResumableCheckpoint,
+    TrainingPreempted,
+    learn_resumable,
+    load_checkpoint,
+    read_checkpoint,
+    resume_notes,
+    save_checkpoint,
+)
+from tests.helpers import assert_identical
+
+EPISODE = 16  #: FixedLengthEnv's episode length: rollouts of N_STEPS end exactly at episode ends
+N_STEPS, N_ENVS = 2 * EPISODE, 2
+ROLLOUT = N_STEPS * N_ENVS
+TOTAL = 6 * ROLLOUT
+#: the interruption falls inside rollout STOP_ROLLOUT + 1; the checkpoint is then the state after STOP_ROLLOUT updates
+STOP_ROLLOUT = 3
+
+
+class FixedLengthEnv(gym.Env):
+    """Episodes of exactly :data:`EPISODE` steps (truncated); a fixed reset observation; every step adds noise from
+    the env's ``np_random``, so an exact resume needs each env's RNG restored."""
+
+    observation_space = spaces.Box(-10.0, 10.0, (3,), np.float32)
+    action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t, self.x = 0, np.array([0.5, -0.5, 0.0], dtype=np.float32)
+        return self.x.copy(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        noise = self.np_random.normal(0.0, 0.1, size=3).astype(np.float32)
+        drive = np.array([action[0], action[1], action[0] * action[1]], dtype=np.float32)
+        self.x = np.clip(0.9 * self.x + 0.5 * drive + noise, -10, 10).astype(np.float32)
+        return self.x.copy(), float(-np.sum(self.x**2)), False, self.t >= EPISODE, {}
+
+
+def make_env(normalize: bool = False) -> VecEnv:
+    env = make_vec_env(FixedLengthEnv, n_envs=N_ENVS, seed=3)
+    return VecNormalize(env, gamma=0.9) if normalize else env
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "vec_normalize": {"normalize": True},
+    "lr_schedule": {"learning_rate": lambda progress: 1e-3 * progress, "clip_range": lambda progress: 0.1 + 0.1 * progress},
+    "kl_penalty": {"objective": "kl_penalty", "kl_coef": 0.5},
+    "prioritized": {"rollout_buffer_class": PrioritizedRolloutBuffer,
+                    "rollout_buffer_kwargs": {"priority": "reward", "capacity": 2 * ROLLOUT, "high_fraction": 0.5}},
+    "gsde": {"use_sde": True, "sde_sample_freq": 8},
+}
+
+
+def make_model(case: str) -> ScalablePPO:
+    kwargs = dict(CASES[case])
+    env = make_env(kwargs.pop("normalize", False))
+    return ScalablePPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=32, n_epochs=2, seed=1, device="cpu",
+                       policy_kwargs={"net_arch": [16]}, **kwargs)
+
+
+class StopAt(BaseCallback):
+    """Delivers SIGTERM to ``checkpoint`` (its handler, as the signal would) once ``num_timesteps`` reaches ``at``."""
+
+    def __init__(self, checkpoint: ResumableCheckpoint, at: int) -> None:
+        super().__init__()
+        self.checkpoint, self.at = checkpoint, at
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps == self.at:
+            self.checkpoint._handle(signal.SIGTERM, None)
+        return True
+
+
+def preempt_and_resume(case: str, path: Path) -> ScalablePPO:
+    """Train, preempted in the middle of rollout STOP_ROLLOUT + 1, then resume from the checkpoint to the end."""
+    model = make_model(case)
+    checkpoint = ResumableCheckpoint(path, every_steps=ROLLOUT, signals=())
+    with pytest.raises(TrainingPreempted) as stopped:
+        learn_resumable(model, TOTAL, checkpoint, callback=StopAt(checkpoint, STOP_ROLLOUT * ROLLOUT + 10))
+    assert stopped.value.code == PREEMPTED_EXIT_CODE
+    assert stopped.value.num_timesteps == STOP_ROLLOUT * ROLLOUT
+    assert read_checkpoint(path)["counters"]["num_timesteps"] == STOP_ROLLOUT * ROLLOUT
+    del model
+    resumed = load_checkpoint(path, make_env(CASES[case].get("normalize", False)), device="cpu")
+    assert resume_notes(resumed) == []  # every env at an episode start, env RNGs readable: exact
+    assert resumed.num_timesteps == STOP_ROLLOUT * ROLLOUT
+    learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()))
+    return resumed
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_preempted_and_resumed_run_is_bit_identical(case: str, tmp_path: Path) -> None:
+    reference = make_model(case)
+    reference.learn(TOTAL)
+    resumed = preempt_and_resume(case, tmp_path / "checkpoint.pt")
+    assert_identical(reference, resumed)  # every parameter and Adam state tensor, torch.equal
+    for name in ("num_timesteps", "_n_updates", "_n_grad_steps", "_total_timesteps", "kl_beta"):
+        assert getattr(resumed, name) == getattr(reference, name), name
+    assert resumed.num_timesteps == TOTAL
+    assert [info["r"] for info in resumed.ep_info_buffer] == [info["r"] for info in reference.ep_info_buffer]
+    if case == "vec_normalize":
+        for name in ("mean", "var", "count"):
+            assert np.array_equal(getattr(resumed.get_vec_normalize_env().obs_rms, name),
+                                  getattr(reference.get_vec_normalize_env().obs_rms, name))
+    if case == "prioritized":
+        assert resumed.rollout_buffer.n_retained == reference.rollout_buffer.n_retained > 0
+    if case == "lr_schedule":
+        lr = resumed.policy.optimizer.param_groups[0]["lr"]
+        assert lr == reference.policy.optimizer.param_groups[0]["lr"] < 1e-3
+
+
+def test_without_env_rng_the_resume_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: the env noise matters, so restoring each env's np_random is what makes the resume exact."""
+    import sb3_ppo_scale.checkpoint as checkpoint_module
+
+    reference = make_model("plain")
+    reference.learn(TOTAL)
+    monkeypatch.setattr(checkpoint_module, "_set_env_rng_states", lambda env, states: None)
+    resumed = preempt_and_resume("plain", tmp_path / "checkpoint.pt")
+    assert not th.equal(th.cat([p.flatten() for p in reference.policy.parameters()]),
+                        th.cat([p.flatten() for p in resumed.policy.parameters()]))
+
+
+def test_gsde_noise_is_put_back_at_the_first_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: SB3 resamples gSDE's exploration matrix before the first resumed rollout; without putting
+    the checkpoint's matrix and RNG back at that rollout's start the resume differs."""
+    import sb3_ppo_scale.checkpoint as checkpoint_module
+
+    reference = make_model("gsde")
+    reference.learn(TOTAL)
+    monkeypatch.setattr(checkpoint_module, "_reapply_resume", lambda model: None)
+    resumed = preempt_and_resume("gsde", tmp_path / "checkpoint.pt")
+    assert not th.equal(th.cat([p.flatten() for p in reference.policy.parameters()]),
+                        th.cat([p.flatten() for p in resumed.policy.parameters()]))
+
+
+def test_mid_episode_resume_is_reported(tmp_path: Path) -> None:
+    """A checkpoint taken with episodes in progress resumes with new episodes, and says so."""
+    model = ScalablePPO("MlpPolicy", make_env(), n_steps=EPISODE // 2 + 1, batch_size=18, n_epochs=1, seed=0,
+                        device="cpu", policy_kwargs={"net_arch": [8]})
+    model.learn(2 * model.n_steps * N_ENVS)
+    path = save_checkpoint(model, tmp_path / "mid.pt")
+    resumed = load_checkpoint(path, make_env(), device="cpu")
+    assert resume_notes(resumed) == [f"{N_ENVS} env(s) restart their episode (mid-episode at the checkpoint, or a "
+                                     "random reset)"]
+    assert resumed._last_episode_starts.all()
+
+
+def test_write_is_atomic_and_non_finite_parameters_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make_model("plain")
+    model.learn(ROLLOUT)
+    path = save_checkpoint(model, tmp_path / "checkpoint.pt")
+    before = path.read_bytes()
+
+    def crash(obj: Any, file: Any) -> None:  # a crash half-way through the write
+        file.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(th, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(model, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+    with th.no_grad():
+        next(model.policy.parameters())[0] = float("nan")
+    with pytest.raises(NonFiniteCheckpointError, match="parameter 'log_std' holds NaN or inf"):
+        save_checkpoint(model, path)
+    assert path.read_bytes() == before
+    read_checkpoint(path)  # still a valid checkpoint
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="every_steps must be None or an int >= 1, got 0"):
+        ResumableCheckpoint("x.pt", every_steps=0)
+    with pytest.raises(ValueError, match="total_timesteps must be given"):
+        learn_resumable(make_model("plain"), None, ResumableCheckpoint("x.pt"))
+
+
+def test_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not found"):
+        read_checkpoint(tmp_path / "missing.pt")
+    th.save({"version": 99}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a sb3_ppo_scale checkpoint of version 1"):
+        read_checkpoint(tmp_path / "other.pt")
