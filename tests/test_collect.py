@@ -52,13 +52,9 @@ def test_copy_exposes_the_training_optimizer_and_is_not_saved(tmp_path) -> None:
     assert_identical(model, loaded)
 
 
-def test_auto_picks_the_cpu_for_vector_policies_on_cuda_only() -> None:
-    from gymnasium import spaces
-
-    vector, image = spaces.Box(-1, 1, (3,)), spaces.Box(0, 255, (4, 84, 84), dtype="uint8")
-    assert collect.resolve_collect_device("auto", th.device("cuda"), vector) == th.device("cpu")
-    assert collect.resolve_collect_device("auto", th.device("cuda"), image) == th.device("cuda")
-    assert collect.resolve_collect_device("auto", th.device("cpu"), vector) == th.device("cpu")
+def test_auto_is_the_policy_device() -> None:
+    assert collect.resolve_collect_device("auto", th.device("cpu")) == th.device("cpu")
+    assert ScalablePPO("MlpPolicy", "Pendulum-v1", **SMALL)._collect_device == th.device("cpu")
 
 
 @pytest.mark.parametrize("bad", ["gpu", "mps", 3.5])

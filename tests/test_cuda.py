@@ -107,20 +107,46 @@ def test_cuda_graphs_cnn_policy_uint8(monkeypatch) -> None:
 
 
 def test_cuda_graphs_reused_across_calls_and_recaptured_when_state_changes() -> None:
-    """One full minibatch per call (batch = rollout): the graph is captured once nothing changes between calls and
-    replayed afterwards; replacing the optimizer state mid-training forces a new capture."""
+    """One full minibatch per call (batch = rollout): the first call runs eagerly (a single full minibatch is not
+    worth a capture), the second captures (nothing changed), the next three replay the same graphs; replacing the
+    optimizer state mid-training forces exactly one new capture, replayed afterwards."""
     kwargs = dict(n_steps=N_STEPS, batch_size=N_STEPS, n_epochs=1)
     models = []
     for graphs in (False, True):
         model = ScalablePPO("MlpPolicy", "Pendulum-v1", device="cuda", seed=0, cuda_graphs=graphs, **kwargs)
         model.learn(5 * N_STEPS)
+        captured_first = model._graph_cache.captures
         saved = copy.deepcopy(model.policy.optimizer.state_dict())
         model.policy.optimizer.load_state_dict(saved)  # new state storage: the cached graphs must not be replayed
         model.learn(3 * N_STEPS, reset_num_timesteps=False)
-        models.append(model)
-    eager, graphed = models
-    assert graphed._graph_cache.graphs is not None
+        models.append((model, captured_first))
+    (eager, eager_captures), (graphed, graphed_captures) = models
+    assert eager_captures == 0 and eager._graph_cache.captures == 0
+    assert graphed_captures == 1  # five calls, one capture: reused
+    assert graphed._graph_cache.captures == 2  # new optimizer storage: captured once more, then reused
     assert max_param_diff(eager, graphed) <= TOL
+
+
+def test_cuda_graphs_kl_adaptive_learning_rate_does_not_recapture() -> None:
+    """A learning rate that changes every call lives in a persistent device tensor: one capture for the run, and
+    the same parameters and rates as eager training."""
+    kwargs = dict(n_steps=N_STEPS, batch_size=64, n_epochs=2, learning_rate="kl_adaptive")
+    eager, graphed = _graphs_vs_eager("Pendulum-v1", 5 * N_STEPS, **kwargs)
+    assert graphed._graph_cache.captures == 1
+    assert graphed.learning_rate.value == pytest.approx(eager.learning_rate.value, rel=1e-5)
+    assert len({eager.learning_rate.value, 3e-4}) == 2  # the rate really moved
+    assert max_param_diff(eager, graphed) <= TOL
+
+
+def test_collection_on_the_cpu_trains_like_collection_on_the_gpu() -> None:
+    """collect_device="cpu" (the default for MLP policies on CUDA) against inference on the GPU: the same rollouts
+    up to float rounding of the policy's outputs, so parameters stay within the CUDA tolerance."""
+    kwargs = dict(n_steps=N_STEPS, batch_size=64, n_epochs=2)
+    on_gpu, on_cpu = train_pair("Pendulum-v1", 2 * N_STEPS, device="cuda", baseline_cls=ScalablePPO,
+                                baseline_kwargs=dict(collect_device="cuda"), scalable_kwargs=dict(collect_device="cpu"),
+                                **kwargs)
+    assert str(on_cpu._collection.device) == "cpu" and on_gpu._collection is None
+    assert max_param_diff(on_gpu, on_cpu) <= 1e-4  # Pendulum's continuous actions: rounding, not a different sample
 
 
 def test_cuda_graphs_leave_an_ordinary_optimizer(tmp_path) -> None:

@@ -1,8 +1,10 @@
 """``collect_device``: run collection's per-step policy inference on another device than training.
 
 On a GPU box a small MLP policy can be slower to run one env step at a time on the GPU than on the CPU: each step
-pays kernel-launch and host-device copy latency for a few thousand multiply-adds (docs/known-limits.md says what was
-and was not measured). With ``collect_device="cpu"`` the model keeps
+pays kernel-launch and host-device copy latency for a few thousand multiply-adds. The default ("auto") keeps
+collection on the policy's device, exactly as SB3's PPO: per-step CPU inference changes float rounding (and can
+flip a sampled discrete action), and its speed-up is not yet measured by a committed benchmark
+(docs/known-limits.md). With ``collect_device="cpu"`` the model keeps
 a CPU copy of its policy, copies the trained parameters into it once per rollout, and SB3's own
 ``collect_rollouts`` runs with that copy as ``model.policy`` (and ``model.device``) for the duration of the
 rollout. Callbacks called during collection see the copy: it has the same parameters, and its ``optimizer`` is the
@@ -17,18 +19,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch as th
-from stable_baselines3.common.preprocessing import is_image_space
 
 #: what ``collect_device`` may be
 COLLECT_DEVICES = "'auto', 'cpu', 'cuda', 'cuda:<index>' or a torch.device"
 
 
-def resolve_collect_device(collect_device: object, policy_device: th.device, observation_space: Any) -> th.device:
-    """``"auto"``: the CPU for a vector-observation policy trained on CUDA (per-step inference is latency-bound),
-    the policy's device otherwise (an image policy's convolutions are worth the GPU)."""
+def resolve_collect_device(collect_device: object, policy_device: th.device) -> th.device:
+    """``"auto"``: the policy's device (collection exactly as SB3's PPO collects). An explicit device must exist."""
     if isinstance(collect_device, str) and collect_device == "auto":
-        vector_obs = observation_space is None or not is_image_space(observation_space, check_channels=False)
-        return th.device("cpu") if policy_device.type == "cuda" and vector_obs else policy_device
+        return policy_device
     try:
         device = th.device(collect_device)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:

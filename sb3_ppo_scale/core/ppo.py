@@ -61,8 +61,8 @@ class ScalablePPO(PPO):
         :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
         when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
         below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
-    :param collect_device: where collection runs the policy for each env step (default "auto": the CPU when the
-        policy trains on CUDA with vector observations, else the policy's device). When it differs from ``device``
+    :param collect_device: where collection runs the policy for each env step (default "auto": the policy's device,
+        as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
         a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect`).
         Saved with the model.
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
@@ -127,7 +127,7 @@ class ScalablePPO(PPO):
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
         self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
         self._reducer: Reducer = LOCAL  # data-parallel training replaces it
-        self._collect_device = resolve_collect_device(self.collect_device, self.device, self.observation_space)
+        self._collect_device = resolve_collect_device(self.collect_device, self.device)
         self._collection: CollectionPolicy | None = None  # the policy's copy on _collect_device, made when needed
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
