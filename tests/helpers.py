@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any, NoReturn
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 import torch as th
@@ -12,6 +16,9 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.logger import Logger, configure
 
 from sb3_ppo_scale import ScalablePPO
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 def flat_params(model: PPO) -> th.Tensor:
@@ -117,3 +124,56 @@ def train_one(
 
 def unused_logger() -> Logger:
     return configure(None, [])
+
+
+#: ``python -c`` program: the ``sb3-ppo-scale`` CLI (argv[4:]), except that after ``argv[1]`` calls of the trial
+#: training function the next trial blocks inside its objective (its parameters already suggested and stored, its
+#: state RUNNING) until the process is killed; ``argv[2]`` (if not "-") sets the RDB heartbeat interval in seconds;
+#: ``argv[3]`` (if not "-") is the host name the worker writes into its trials (a worker on another machine).
+#: The kill then lands mid-trial by construction, not by catching a timing window.
+_GATED_TUNE = """
+import os, sys, threading
+from sb3_ppo_scale.tuning import objective, runner, storage
+n_free, heartbeat, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if heartbeat != "-":
+    storage.HEARTBEAT_INTERVAL_S = int(heartbeat)
+if host != "-":
+    runner.worker_id = lambda: f"{host}:{os.getpid()}"
+train_and_evaluate, calls = objective.train_and_evaluate, []
+def gated(*args, **kwargs):
+    calls.append(None)
+    if len(calls) > n_free:
+        print("gate: trial blocked until killed", flush=True)
+        threading.Event().wait()
+    return train_and_evaluate(*args, **kwargs)
+objective.train_and_evaluate = gated
+from sb3_ppo_scale.cli import main
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+def start_gated_tune(
+    args: Sequence[str], free_trainings: int, heartbeat_interval_s: int | None = None, host: str | None = None
+) -> subprocess.Popen[str]:
+    """Start ``sb3-ppo-scale <args>`` in its own process group (kill it with ``os.killpg``): the first
+    ``free_trainings`` trainings run, the next trial hangs mid-trial (see ``_GATED_TUNE``)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    options = ["-" if value is None else str(value) for value in (heartbeat_interval_s, host)]
+    return subprocess.Popen([sys.executable, "-c", _GATED_TUNE, str(free_trainings), *options, *args], cwd=ROOT,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition: Callable[[], T | None], what: str, process: subprocess.Popen[str] | None = None,
+             timeout_s: float = 600.0, poll_s: float = 0.2) -> T:
+    """Poll ``condition()`` until it returns a truthy value and return it. Fails if ``process`` exits first, or
+    after ``timeout_s`` (a safety net for a hung run, not a timing window the test depends on)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            output = process.communicate()[0]
+            pytest.fail(f"the process exited ({process.returncode}) before {what}:\n{output[-3000:]}")
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
