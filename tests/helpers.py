@@ -32,10 +32,10 @@ def max_param_diff(a: PPO, b: PPO) -> float:
 #: Tolerance for parameters trained with ``grad_accum_steps > 1`` against one big-batch step (PPO, or
 #: ScalablePPO with ``grad_accum_steps=1``). Exact equality cannot hold there: the micro-batch gradients are
 #: computed by the same eager kernels on fewer rows and then summed, so the float32 summation order of every
-#: gradient differs (a rounding difference of ~1 ulp per gradient entry). Measured on this suite's cases
-#: (3 rollouts, up to 36 Adam steps): at most 6e-8, i.e. 1 ulp at |p| ~ 0.5. 1e-6 leaves a 16x margin for
-#: other CPUs' BLAS kernels while staying 300x below one Adam step (lr = 3e-4): a skipped, repeated or
-#: mis-weighted micro-batch moves parameters by ~lr and fails.
+#: gradient differs (rounding differences of about one ulp per gradient entry, which Adam carries into the
+#: parameters). On this suite's cases (up to 3 rollouts, 36 Adam steps) the parameters end one or two float32 ulps
+#: apart (ulp(0.5) = 6e-8). 1e-6 is about 16 ulps at |p| ~ 0.5, room for other CPUs' BLAS kernels, and 300x below
+#: one Adam step (lr = 3e-4): a skipped, repeated or mis-weighted micro-batch moves parameters by ~lr and fails.
 ACCUMULATION_ATOL = 1e-6
 
 
@@ -92,6 +92,18 @@ class RecordingLogger(Logger):
 
     def record(self, key: str, value: Any, exclude: Any = None) -> None:
         self.seen[key] = value
+        super().record(key, value, exclude)
+
+
+class HistoryLogger(Logger):
+    """An SB3 logger that keeps every value recorded, per key, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(folder=None, output_formats=[])
+        self.history: dict[str, list] = {}
+
+    def record(self, key: str, value: Any, exclude: Any = None) -> None:
+        self.history.setdefault(key, []).append(value)
         super().record(key, value, exclude)
 
 

@@ -33,10 +33,11 @@ from tests.helpers import RecordingLogger, assert_params_close, max_param_diff, 
 
 #: Tolerance for compiled against eager parameters. Exact equality cannot hold: inductor generates its own fused
 #: C++ kernels (vectorised for the host CPU's instruction set) and reorders float32 reductions, so every loss
-#: and gradient differs from eager PyTorch's by rounding, and Adam carries that into the parameters. Measured on
-#: these cases (one to three rollouts, up to 120 Adam steps): at most 1.3e-7. 1e-5 leaves room for other CPUs'
-#: kernels and stays well below what a real error moves parameters by: test_tolerance_catches_wrong_coefficients
-#: shows that a clip-range schedule frozen at its first value, or a small entropy coefficient, exceeds it.
+#: and gradient differs from eager PyTorch's by rounding, and Adam carries that into the parameters. On these
+#: cases (one to three rollouts, up to 120 Adam steps) the parameters end a few float32 ulps apart (ulp(0.5) =
+#: 6e-8). 1e-5 leaves room for other CPUs' kernels and stays below what a real error moves parameters by:
+#: test_tolerance_catches_wrong_coefficients shows that a clip-range schedule frozen at its first value, or a
+#: small entropy coefficient, moves them more than 5x as far.
 COMPILE_ATOL = 1e-5
 
 #: The logged statistics (means over the last update's minibatches) compared with the same rounding argument: a
