@@ -16,7 +16,6 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.distributions import make_proba_distribution
 from stable_baselines3.common.envs import IdentityEnvMultiBinary, IdentityEnvMultiDiscrete
-from stable_baselines3.common.logger import Logger
 from torch.distributions import kl_divergence
 
 from sb3_ppo_scale import ScalablePPO
@@ -33,21 +32,9 @@ from sb3_ppo_scale.core.kl import (
 from sb3_ppo_scale.core.objectives import AdvantageNormalizer, LossSettings, kl_penalty
 from sb3_ppo_scale.core.rollout import DeviceRollout
 from sb3_ppo_scale.core.sampling import MinibatchLoader
-from tests.helpers import ACCUMULATION_ATOL, assert_identical, assert_params_close
+from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, assert_params_close
 
 SMALL = dict(n_steps=128, batch_size=32, n_epochs=3, seed=0, device="cpu")
-
-
-class HistoryLogger(Logger):
-    """Keeps every value recorded, per key, in order."""
-
-    def __init__(self) -> None:
-        super().__init__(folder=None, output_formats=[])
-        self.history: dict[str, list] = {}
-
-    def record(self, key, value, exclude=None) -> None:
-        self.history.setdefault(key, []).append(value)
-        super().record(key, value, exclude)
 
 
 def _random_distribution(space: spaces.Space, batch: int, generator: th.Generator):

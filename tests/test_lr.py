@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch as th
-from stable_baselines3.common.logger import Logger
 
 from sb3_ppo_scale import ScalablePPO
 from sb3_ppo_scale.core.lr import KLAdaptiveLR
-from tests.helpers import ACCUMULATION_ATOL, max_param_diff
+from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, max_param_diff
 
 SMALL = dict(n_steps=128, batch_size=32, n_epochs=3, device="cpu", seed=0)
-
-
-class HistoryLogger(Logger):
-    """Keeps every value recorded, per key, in order."""
-
-    def __init__(self) -> None:
-        super().__init__(folder=None, output_formats=[])
-        self.history: dict[str, list] = {}
-
-    def record(self, key, value, exclude=None) -> None:
-        self.history.setdefault(key, []).append(value)
-        super().record(key, value, exclude)
 
 
 def test_rule_steps_and_bounds() -> None:

@@ -9,10 +9,6 @@ import shutil
 import torch as th
 
 
-#: what ``buffer_device`` may be (one text for every message about it)
-BUFFER_DEVICES = "'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps' or a torch.device of those types"
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -50,30 +46,35 @@ def check_rollout_size(batch_size: int, n_steps: int, n_envs: int) -> None:
         )
 
 
-def resolve_buffer_device(buffer_device: object, policy_device: th.device) -> th.device:
-    """Turn ``buffer_device`` ("auto", "cpu", "cuda", "cuda:1", "mps", a torch.device) into an existing device."""
-    if isinstance(buffer_device, str) and buffer_device == "auto":
+def resolve_device(value: object, argument: str, policy_device: th.device, types: tuple[str, ...] = ("cpu", "cuda", "mps")) -> th.device:
+    """Turn a device argument ("auto" = ``policy_device``, "cpu", "cuda", "cuda:1", "mps", a torch.device) into a device
+    of one of ``types`` that exists here; the error names ``argument``."""
+    if isinstance(value, str) and value == "auto":
         return policy_device
+    allowed = f"'auto', {', '.join(repr(t) for t in types)}, 'cuda:<index>' or a torch.device of those types"
     try:
-        device = th.device(buffer_device)  # type: ignore[arg-type]
+        device = th.device(value)  # type: ignore[arg-type]
     except (RuntimeError, TypeError) as error:
-        raise ValueError(
-            f"buffer_device must be {BUFFER_DEVICES}, got {buffer_device!r}"
-        ) from error
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}") from error
+    if device.type not in types:
+        raise ValueError(f"{argument} must be {allowed}, got {value!r}")
     if device.type == "cuda":
         if not th.cuda.is_available():
-            raise ValueError(f"buffer_device={buffer_device!r} but CUDA is not available here; use 'auto' or 'cpu'")
+            raise ValueError(f"{argument}={value!r} but CUDA is not available here; use 'auto' or 'cpu'")
         index = device.index or 0
         if index >= th.cuda.device_count():
             raise ValueError(
-                f"buffer_device={buffer_device!r} does not exist: this machine has {th.cuda.device_count()} CUDA "
+                f"{argument}={value!r} does not exist: this machine has {th.cuda.device_count()} CUDA "
                 f"device(s) (cuda:0..cuda:{th.cuda.device_count() - 1})"
             )
     elif device.type == "mps" and not th.backends.mps.is_available():
-        raise ValueError(f"buffer_device={buffer_device!r} but MPS is not available here; use 'auto' or 'cpu'")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"buffer_device must be {BUFFER_DEVICES}, got {buffer_device!r}")
+        raise ValueError(f"{argument}={value!r} but MPS is not available here; use 'auto' or 'cpu'")
     return device
+
+
+def resolve_buffer_device(buffer_device: object, policy_device: th.device) -> th.device:
+    """``buffer_device`` as a device (see :func:`resolve_device`)."""
+    return resolve_device(buffer_device, "buffer_device", policy_device)
 
 
 def check_cuda_graphs(cuda_graphs: object, policy_device: th.device, buffer_device: th.device, optimizer: object) -> None:

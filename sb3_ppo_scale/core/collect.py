@@ -20,23 +20,12 @@ from typing import Any
 
 import torch as th
 
-#: what ``collect_device`` may be
-COLLECT_DEVICES = "'auto', 'cpu', 'cuda', 'cuda:<index>' or a torch.device"
-
+from sb3_ppo_scale.core.checks import resolve_device
 
 def resolve_collect_device(collect_device: object, policy_device: th.device) -> th.device:
-    """``"auto"``: the policy's device (collection exactly as SB3's PPO collects). An explicit device must exist."""
-    if isinstance(collect_device, str) and collect_device == "auto":
-        return policy_device
-    try:
-        device = th.device(collect_device)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"collect_device must be {COLLECT_DEVICES}, got {collect_device!r}") from error
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"collect_device must be {COLLECT_DEVICES}, got {collect_device!r}")
-    if device.type == "cuda" and not th.cuda.is_available():
-        raise ValueError(f"collect_device={collect_device!r} but CUDA is not available here; use 'auto' or 'cpu'")
-    return device
+    """``"auto"``: the policy's device (collection exactly as SB3's PPO collects); else a CPU or CUDA device that
+    exists here."""
+    return resolve_device(collect_device, "collect_device", policy_device, types=("cpu", "cuda"))
 
 
 class CollectionPolicy:
