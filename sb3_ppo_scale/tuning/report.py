@@ -2,12 +2,15 @@
 
 Writes ``report.md`` (side-by-side table, per-study details with bootstrap stability), ``importance.json``,
 ``importance.png`` and ``slices_<label>.png`` (label: the env id, plus the study name where two studies share an env)
-into the output folder. A fixed study gives byte-identical files.
+into the output folder (default ``tune_results/reports/<source name>`` under the working directory; files committed to
+git are only replaced with ``overwrite=True``), and prints the side-by-side table. A fixed study gives
+byte-identical files. Verdicts of a study too small to support them are flagged (:func:`too_small`).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +30,16 @@ from sb3_ppo_scale.tuning.storage import open_storage
 
 #: Fewest COMPLETE trials a study needs for a report (PED-ANOVA wants several trials in its top 10%).
 MIN_TRIALS = 4
+#: A study's verdicts are flagged as unreliable below this many COMPLETE trials ...
+MIN_VERDICT_TRIALS = 32
+#: ... or when its most important parameter stays on top in fewer than this share of the bootstrap resamples
+#: (under either evaluator; only checked when bootstrapping is on).
+MIN_TOP_STABILITY = 0.5
+SMALL_STUDY_RULE = (f"a study's verdicts are flagged 'small study' when it has fewer than {MIN_VERDICT_TRIALS} "
+                    f"complete trials, or when its most important parameter stays on top in fewer than "
+                    f"{MIN_TOP_STABILITY:.0%} of the bootstrap resamples (either evaluator)")
+#: Where reports go unless ``--out`` says otherwise (relative to the working directory).
+DEFAULT_REPORTS_DIR = Path("tune_results") / "reports"
 
 
 @dataclass
@@ -49,17 +62,49 @@ class StudyResult:
     budget: dict[str, Any]
 
 
-def report_command(source: str, out: str | Path, storage: str | None = None, studies: list[str] | None = None,
-                   n_bootstrap: int = 200) -> int:
-    """Resolve ``source`` (a spec file, or a storage) into studies, analyse them and write the report to ``out``."""
+def report_command(source: str, out: str | Path | None = None, storage: str | None = None,
+                   studies: list[str] | None = None, n_bootstrap: int = 200, overwrite: bool = False) -> int:
+    """Resolve ``source`` (a spec file, or a storage) into studies, analyse them, write the report to ``out``
+    (default :func:`default_out`) and print the side-by-side table.
+
+    :param overwrite: replace report files in ``out`` that are committed to git (otherwise ValueError).
+    """
     if n_bootstrap < 0:
         raise ValueError(f"bootstrap must be an int >= 0, got {n_bootstrap!r}")
+    out = default_out(source) if out is None else Path(out)
     url, names = _resolve_source(source, storage, studies)
+    if not overwrite:
+        refuse_committed(out)
     backend = open_storage(url)
     results = unique_labels([analyse(optuna.load_study(study_name=name, storage=backend), n_bootstrap) for name in names])
-    write_report(Path(out), results, n_bootstrap)
+    write_report(out, results, n_bootstrap)
+    print("\n".join(terminal_table(results)))
     print(f"report for {len(results)} stud{'y' if len(results) == 1 else 'ies'} written to {out}/report.md")
     return 0
+
+
+def default_out(source: str) -> Path:
+    """``tune_results/reports/<name>``: the spec's or journal's file name without suffix (``rdb`` for a URL)."""
+    return DEFAULT_REPORTS_DIR / ("rdb" if "://" in source else Path(source).stem)
+
+
+#: The files a report writes (``slices_*.png`` besides); a committed copy is not replaced by default.
+REPORT_FILES = ("report.md", "importance.json", "importance.png")
+
+
+def refuse_committed(out: Path) -> None:
+    """ValueError if ``out`` holds report files committed to git (checked with ``git ls-files``; no git: no check)."""
+    if not out.is_dir():
+        return
+    try:
+        listed = subprocess.run(["git", "-C", str(out), "ls-files", "--", "."], capture_output=True, text=True,
+                                timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return
+    tracked = sorted(name for name in listed.stdout.split() if name in REPORT_FILES or name.startswith("slices_"))
+    if listed.returncode == 0 and tracked:
+        raise ValueError(f"--out {out} holds committed results ({', '.join(tracked)}); choose another --out, or pass "
+                         "--overwrite to regenerate them")
 
 
 def unique_labels(results: list[StudyResult]) -> list[StudyResult]:
@@ -150,6 +195,24 @@ def verdict(documented: int, ours: list[int]) -> str:
     return "mixed"
 
 
+def too_small(result: StudyResult) -> str | None:
+    """Why ``result`` is too small for its verdicts (see :data:`SMALL_STUDY_RULE`), or None."""
+    if result.n_trials < MIN_VERDICT_TRIALS:
+        return f"{result.n_trials} complete trials < {MIN_VERDICT_TRIALS}"
+    shaky = {EVALUATOR_TITLES[ev]: st.same_top for ev, st in result.stability.items()
+             if st.n_resamples and st.same_top < MIN_TOP_STABILITY}
+    if shaky:
+        return ", ".join(f"{name} top parameter kept in {share:.0%} of resamples" for name, share in shaky.items()) + (
+            f" < {MIN_TOP_STABILITY:.0%}")
+    return None
+
+
+def _verdict_cell(documented: int, ours: list[int], flagged: bool) -> str:
+    if not ours:
+        return "not measured"
+    return verdict(documented, ours) + (" (small study)" if flagged else "")
+
+
 def side_by_side(results: list[StudyResult]) -> list[str]:
     """The documented table's columns and ours, one row per parameter."""
     header = ["parameter", "documented range", "documented impact"]
@@ -159,17 +222,53 @@ def side_by_side(results: list[StudyResult]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in DOCUMENTED:
         cells = [row.label + f" (`{row.argument}`)", row.range, _star_text(row.stars)]
-        ours: list[int] = []
+        ours, flagged = _row_stars(results, row.argument)
         for r in results:
-            name = next((p for p in r.params if r.arguments[p] == row.argument), None)
+            name = _param_of(r, row.argument)
             if name is None:
                 cells += ["not searched", "-"]
                 continue
             got = [r.stars[ev][name] for ev in EVALUATORS]
-            ours += got
             cells += [" / ".join(_star_text(s) for s in got), _range_text(name, r.top[name])]
-        cells += [verdict(row.stars, ours) if ours else "not measured", row.advice]
+        cells += [_verdict_cell(row.stars, ours, flagged), row.advice]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _param_of(result: StudyResult, argument: str) -> str | None:
+    return next((p for p in result.params if result.arguments[p] == argument), None)
+
+
+def _row_stars(results: list[StudyResult], argument: str) -> tuple[list[int], bool]:
+    """Our stars for one ScalablePPO argument (every study and evaluator) and whether a small study gave some."""
+    ours, flagged = [], False
+    for r in results:
+        name = _param_of(r, argument)
+        if name is not None:
+            ours += [r.stars[ev][name] for ev in EVALUATORS]
+            flagged = flagged or too_small(r) is not None
+    return ours, flagged
+
+
+def terminal_table(results: list[StudyResult]) -> list[str]:
+    """The side-by-side table for a terminal: documented stars, ours per study (PED-ANOVA / fANOVA), verdict."""
+    header = ["parameter", "documented"] + [r.label for r in results] + ["verdict"]
+    rows = []
+    for row in DOCUMENTED:
+        ours, flagged = _row_stars(results, row.argument)
+        cells = [row.argument, _star_text(row.stars)]
+        for r in results:
+            name = _param_of(r, row.argument)
+            cells.append("not searched" if name is None else " / ".join(_star_text(r.stars[ev][name]) for ev in EVALUATORS))
+        rows.append(cells + [_verdict_cell(row.stars, ours, flagged)])
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines.append("stars per study: PED-ANOVA / fANOVA")
+    for r in results:
+        reason = too_small(r)
+        if reason:
+            lines.append(f"warning: {r.label} is too small for its verdicts ({reason}); rule: {SMALL_STUDY_RULE}")
     return lines
 
 
@@ -242,7 +341,9 @@ def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> Non
              "the importances on the first and the second half of the trials (each half of a Sobol sequence is itself "
              "space-filling).",
              "- Verdict: 'agrees' = same stars in every study and evaluator; 'within 1 star'; 'overrates'/'underrates' "
-             "= documented stars above/below ours everywhere; 'mixed' otherwise.", "",
+             "= documented stars above/below ours everywhere; 'mixed' otherwise.",
+             f"- Small study: {SMALL_STUDY_RULE}. Flagged here: "
+             + ("; ".join(f"{r.label} ({reason})" for r in results if (reason := too_small(r))) or "none") + ".", "",
              "## Side by side", "", *side_by_side(results), "",
              "![importance](importance.png)", "", "## Per study", ""]
     for r in results:
@@ -261,4 +362,5 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-__all__ = ["report_command", "analyse", "write_report", "verdict", "MIN_TRIALS"]
+__all__ = ["report_command", "analyse", "write_report", "verdict", "too_small", "terminal_table", "MIN_TRIALS",
+           "MIN_VERDICT_TRIALS", "MIN_TOP_STABILITY"]

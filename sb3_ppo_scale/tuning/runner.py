@@ -22,6 +22,7 @@ from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning.objective import decode_params, make_objective
 from sb3_ppo_scale.tuning.spec import StudySpec
 from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, worker_id
@@ -75,25 +76,40 @@ def counted_states(spec: StudySpec) -> tuple[TrialState, ...]:
 
 
 def resolve_storage(spec: StudySpec, storage: str | None = None) -> str:
-    """``--storage`` if given, else the spec's storage, else ``<output_dir>/<name>.journal``."""
+    """``--storage`` if given, else the spec's storage, else ``<output_dir>/<name>.journal`` (relative paths:
+    relative to the current working directory; the default output_dir is ``tune_results/<name>``)."""
     return storage or spec.storage or str(spec.output_dir / f"{spec.name}.journal")
 
 
+def study_budget(spec: StudySpec) -> dict[str, Any]:
+    """What one trial costs and how it is measured (stored on the study; a resumed study must match it)."""
+    return {
+        "timesteps": spec.timesteps, "seeds_per_trial": spec.seeds_per_trial, "eval_freq": spec.evaluation.eval_freq,
+        "n_episodes": spec.evaluation.n_episodes, "deterministic": spec.evaluation.deterministic,
+        "sampler": spec.sampler.get("name"), "mode": spec.mode,
+    }
+
+
 def open_study(spec: StudySpec, env_id: str, storage: str) -> optuna.Study:
-    """Create or load the env's study (maximize) with the spec's sampler and pruner."""
+    """Create or load the env's study (maximize) with the spec's sampler and pruner.
+
+    A study that already holds trials measured with another budget (e.g. an earlier ``--n-timesteps``) is not
+    resumed: ValueError naming both budgets.
+    """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         storage=open_storage(storage), study_name=spec.study_name(env_id), direction="maximize",
         sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True,
     )
+    budget, stored = study_budget(spec), study.user_attrs.get("budget")
+    if stored and stored != budget and study.get_trials(deepcopy=False):
+        changed = {k: (stored.get(k), v) for k, v in budget.items() if stored.get(k) != v}
+        raise ValueError(f"study {study.study_name!r} in {storage} was run with another budget (stored, asked: "
+                         f"{changed}); use another --storage to start a new study")
     study.set_user_attr("env_id", env_id)
     study.set_user_attr("objective", spec.evaluation.objective)
     study.set_user_attr("space", {p.optuna_name: p.name for p in spec.space})
-    study.set_user_attr("budget", {
-        "timesteps": spec.timesteps, "seeds_per_trial": spec.seeds_per_trial, "eval_freq": spec.evaluation.eval_freq,
-        "n_episodes": spec.evaluation.n_episodes, "deterministic": spec.evaluation.deterministic,
-        "sampler": spec.sampler.get("name"), "mode": spec.mode,
-    })
+    study.set_user_attr("budget", budget)
     return study
 
 
@@ -116,11 +132,11 @@ def _progress(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], None]:
     return callback
 
 
-def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total: int) -> None:
-    """One worker: run up to ``n_trials`` trials, stop early once the study holds ``total`` counted trials."""
-    import torch
-
-    torch.set_num_threads(1)
+def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total: int,
+               threads: int = DEFAULT_THREADS) -> None:
+    """One worker: run up to ``n_trials`` trials with ``threads`` torch threads, stop early once the study holds
+    ``total`` counted trials."""
+    set_threads(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=spec.study_name(env_id), storage=open_storage(storage),
                               sampler=make_sampler(spec), pruner=make_pruner(spec))
@@ -139,8 +155,13 @@ def split(n: int, workers: int) -> list[int]:
     return [q for q in (n // workers + (i < n % workers) for i in range(workers)) if q > 0]
 
 
-def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage: str | None = None) -> int:
-    """Run (or resume) the spec's studies; returns 0 when every study holds ``n_trials`` counted trials, else 1."""
+def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage: str | None = None,
+         threads: int = DEFAULT_THREADS) -> int:
+    """Run (or resume) the spec's studies; returns 0 when every study holds ``n_trials`` counted trials, else 1.
+
+    :param threads: torch threads per worker process (default :data:`DEFAULT_THREADS`).
+    """
+    set_threads(threads)  # validates it before any study is opened
     if workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     total = spec.n_trials if n_trials is None else n_trials
@@ -150,11 +171,12 @@ def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage
     studies = {env_id: open_study(spec, env_id, url) for env_id in spec.envs}  # every storage error before trials
     status = 0
     for env_id, study in studies.items():
-        status |= _tune_env(spec, env_id, study, url, total, workers)
+        status |= _tune_env(spec, env_id, study, url, total, workers, threads)
     return status
 
 
-def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total: int, workers: int) -> int:
+def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total: int, workers: int,
+              threads: int) -> int:
     failed = recover_stale_trials(study)
     if failed:
         print(f"[{study.study_name}] failed stale trials {failed} of dead workers; their parameters are re-queued", flush=True)
@@ -163,10 +185,10 @@ def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total
     print(f"[{study.study_name}] {done}/{total} trials done; running {sum(quotas)} on {len(quotas)} worker(s); storage {url}", flush=True)
     started = time.monotonic()
     if len(quotas) == 1:
-        run_worker(spec, env_id, url, quotas[0], total)
+        run_worker(spec, env_id, url, quotas[0], total, threads)
     elif quotas:
         context = multiprocessing.get_context("spawn")
-        processes = [context.Process(target=run_worker, args=(spec, env_id, url, q, total), daemon=False) for q in quotas]
+        processes = [context.Process(target=run_worker, args=(spec, env_id, url, q, total, threads), daemon=False) for q in quotas]
         for process in processes:
             process.start()
         for process in processes:

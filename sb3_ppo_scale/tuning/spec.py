@@ -19,12 +19,17 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
   ``pruner``: ``{name: none|median}`` (median only in search mode).
 - ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
   journal file path; or an RDB URL such as ``postgresql://user:pw@host/db``), ``output_dir`` (default
-  ``results/<name>``, relative to the spec file).
+  ``tune_results/<name>``). Relative paths are relative to the current working directory, not to the spec file:
+  running a committed spec never writes into (or resumes) the results committed beside it.
+
+:func:`load_spec` can change a spec before validation: ``--set key=value`` (:func:`apply_overrides`, dotted keys such
+as ``base.n_envs=2``) and ``--n-timesteps`` (:func:`shrink`, keeps the number of evaluations).
 """
 
 from __future__ import annotations
 
 import math
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,14 +122,49 @@ class StudySpec:
 
 
 # --------------------------------------------------------------------------------------------------- loading
-def load_spec(path: str | Path) -> StudySpec:
-    """Read and validate a YAML study spec; relative ``output_dir``/journal paths are relative to the file."""
+#: Where ``tune`` writes by default, relative to the current working directory.
+DEFAULT_RESULTS_DIR = Path("tune_results")
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None, n_timesteps: int | None = None) -> StudySpec:
+    """Read and validate a YAML study spec, after ``overrides`` (:func:`apply_overrides`) and ``n_timesteps``
+    (:func:`shrink`). Relative ``output_dir``/journal paths are relative to the current working directory."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"spec file {str(path)!r} does not exist")
     with path.open() as handle:
         raw = yaml.safe_load(handle)
-    return spec_from_dict(raw, base_dir=path.parent, path=path)
+    raw = apply_overrides(_mapping(raw, "spec"), overrides or {})
+    if n_timesteps is not None:
+        raw = shrink(raw, n_timesteps)
+    return spec_from_dict(raw, path=path)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``raw`` with each ``dotted.key: value`` set (``base.n_envs`` sets ``raw["base"]["n_envs"]``)."""
+    raw = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        *parents, key = dotted.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {dotted}: {part!r} is not a mapping in the spec")
+        node[key] = value
+    return raw
+
+
+def shrink(raw: dict[str, Any], n_timesteps: int) -> dict[str, Any]:
+    """``raw`` with ``timesteps = n_timesteps`` and ``evaluation.eval_freq`` scaled alike (same number of
+    evaluations per trial, at least 1 step apart)."""
+    _positive_int(n_timesteps, "--n-timesteps")
+    raw = copy.deepcopy(raw)
+    old = _positive_int(raw.get("timesteps", 50_000), "spec.timesteps")
+    evaluation = dict(_mapping(raw.get("evaluation") or {}, "spec.evaluation"))
+    eval_freq = _positive_int(evaluation.get("eval_freq", max(1, old // 5)), "spec.evaluation.eval_freq")
+    evaluation["eval_freq"] = max(1, eval_freq * n_timesteps // old)
+    raw.update(timesteps=n_timesteps, evaluation=evaluation)
+    return raw
 
 
 def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = None) -> StudySpec:
@@ -155,7 +195,7 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         pruner=_check_pruner(raw.get("pruner") or {}, mode),
         n_trials=_positive_int(raw.get("n_trials", 32), "spec.n_trials"),
         storage=_check_storage(raw.get("storage"), base_dir),
-        output_dir=(base_dir / str(raw.get("output_dir", f"results/{name}"))),
+        output_dir=(base_dir / str(raw.get("output_dir", DEFAULT_RESULTS_DIR / name))),
         path=path,
     )
     _check_batch_fits(spec)

@@ -1,0 +1,112 @@
+"""tune/report as a user meets them: results under the working directory, quick studies, the terminal table,
+flags for studies too small for their verdicts, committed results left alone."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from sb3_ppo_scale import cli
+from sb3_ppo_scale.tuning import load_spec
+from sb3_ppo_scale.tuning.importance import Stability
+from sb3_ppo_scale.tuning.report import MIN_VERDICT_TRIALS, StudyResult, too_small
+from sb3_ppo_scale.tuning.runner import resolve_storage
+from sb3_ppo_scale.tuning.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(folder: Path) -> Path:
+    """A tiny CartPole study without storage/output_dir keys, as the committed specs are written."""
+    raw: dict[str, Any] = {
+        "name": "quick", "envs": ["CartPole-v1"], "timesteps": 1024,
+        "evaluation": {"eval_freq": 512, "n_episodes": 1},
+        "base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [16], "activation_fn": "relu"}},
+        "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},
+                  "learning_rate": {"type": "float", "low": 1e-4, "high": 1e-3, "log": True, "schedule": "linear"},
+                  "n_epochs": {"type": "int", "low": 1, "high": 4}},
+        "n_trials": 4,
+    }
+    folder.mkdir(parents=True)
+    path = folder / "quick.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_committed_specs_write_under_the_working_directory() -> None:
+    for path in sorted((ROOT / "tuning").glob("*.yaml")):
+        spec = load_spec(path)
+        storage = resolve_storage(spec)
+        assert "://" in storage or Path(storage).parts[0] == "tune_results", (path.name, storage)
+
+
+def test_quick_study_then_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = _spec(tmp_path / "specs")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert cli.main(["tune", str(spec_path), "--n-timesteps", "256", "--set", "evaluation.n_episodes=2",
+                     "--n-trials", "4"]) == 0
+    journal = work / "tune_results" / "quick" / "quick.journal"
+    assert journal.is_file() and sorted(p.name for p in (tmp_path / "specs").iterdir()) == ["quick.yaml"]
+    study = optuna.load_study(study_name="quick:CartPole-v1", storage=open_storage(str(journal)))
+    trials = study.get_trials()
+    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    budget = study.user_attrs["budget"]
+    assert (budget["timesteps"], budget["eval_freq"], budget["n_episodes"]) == (256, 128, 2)  # evaluations scaled
+    assert all(len(t.user_attrs["eval_returns"][0]) == 2 for t in trials)
+    capsys.readouterr()
+
+    # The same folder with another budget is not mixed into the study.
+    assert cli.main(["tune", str(spec_path), "--n-timesteps", "512", "--n-trials", "4"]) == 2
+    assert "was run with another budget" in capsys.readouterr().err
+
+    assert cli.main(["report", str(spec_path), "--bootstrap", "4"]) == 0
+    out = capsys.readouterr().out
+    report_dir = work / "tune_results" / "reports" / "quick"
+    assert (report_dir / "report.md").is_file() and f"written to {Path('tune_results/reports/quick')}/report.md" in out
+    lines = out.splitlines()
+    assert lines[0].split() == ["parameter", "documented", "CartPole-v1", "verdict"]
+    clip = next(line for line in lines if line.startswith("clip_range "))
+    assert clip.count("★") + clip.count("☆") == 4 + 8 and clip.endswith("(small study)")
+    assert any(line.startswith("batch_size ") and "not searched" in line and "not measured" in line for line in lines)
+    assert f"warning: CartPole-v1 is too small for its verdicts (4 complete trials < {MIN_VERDICT_TRIALS})" in out
+    assert "Flagged here: CartPole-v1 (4 complete trials" in (report_dir / "report.md").read_text()
+
+
+def test_report_keeps_committed_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    journal = tmp_path / "s.journal"
+    study = optuna.create_study(storage=open_storage(str(journal)), study_name="s:CartPole-v1", direction="maximize")
+    study.optimize(lambda t: t.suggest_float("clip_range", 0.1, 0.3) + t.suggest_int("n_epochs", 1, 9), n_trials=6)
+    out = tmp_path / "committed"
+    out.mkdir()
+    (out / "report.md").write_text("committed\n")
+    git = ["git", "-C", str(out), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(out)], check=True)
+    subprocess.run([*git, "add", "report.md"], check=True)
+    subprocess.run([*git, "commit", "-qm", "results"], check=True)
+    assert cli.main(["report", str(journal), "--out", str(out), "--bootstrap", "0"]) == 2
+    assert "holds committed results (report.md)" in capsys.readouterr().err
+    assert (out / "report.md").read_text() == "committed\n"
+    assert cli.main(["report", str(journal), "--out", str(out), "--bootstrap", "0", "--overwrite"]) == 0
+    assert (out / "report.md").read_text().startswith("# PPO hyperparameter sensitivity")
+
+
+def test_small_study_rule() -> None:
+    def result(n_trials: int, same_top: float, n_resamples: int = 200) -> StudyResult:
+        stability = Stability(low={}, high={}, same_rank={}, same_top=same_top, n_resamples=n_resamples)
+        return StudyResult(name="s:E", label="E", objective="auc", n_trials=n_trials, params=[], arguments={},
+                           importance={}, stars={}, stability={"ped_anova": stability, "fanova": stability},
+                           split_half={}, top={}, best_value=0.0, trials=[], budget={})
+
+    assert too_small(result(MIN_VERDICT_TRIALS - 1, 1.0)) == f"{MIN_VERDICT_TRIALS - 1} complete trials < 32"
+    assert too_small(result(64, 0.9)) is None
+    assert too_small(result(64, 0.34)) == ("PED-ANOVA top parameter kept in 34% of resamples, fANOVA top parameter "
+                                           "kept in 34% of resamples < 50%")
+    assert too_small(result(64, 0.0, n_resamples=0)) is None  # bootstrap off: only the trial count counts
