@@ -160,25 +160,37 @@ class ProcessGroupReducer:
         self.check_sync = os.environ.get(CHECK_SYNC_ENV, "0") not in ("", "0")
         self.vec_normalize_sync: RunningStatsSync | None = None
         self.seeded = False
+        self._pending: list[th.Tensor] = []  # gradients waiting to travel with the next sum_
 
     def sum_(self, tensor: th.Tensor) -> th.Tensor:
-        """All-reduce SUM ``tensor`` in place; returns it."""
-        if tensor.device == self.device:
-            dist.all_reduce(tensor, group=self.group)
-            return tensor
-        reduced = tensor.to(self.device)
-        dist.all_reduce(reduced, group=self.group)
-        return tensor.copy_(reduced)
+        """All-reduce SUM ``tensor`` in place; returns it. Gradients left by :meth:`sum_gradients` travel in the same
+        collective."""
+        pending, self._pending = self._pending, []
+        if pending and (tensor.dtype != pending[0].dtype or tensor.device != pending[0].device):
+            self._reduce_flat(pending)
+            pending = []
+        self._reduce_flat([*pending, tensor])
+        return tensor
 
     def sum_gradients(self, parameters: list[th.nn.Parameter]) -> None:
-        """Sum every parameter's ``.grad`` over ranks with ONE all-reduce of the flattened gradients (parameters
-        without a gradient are skipped; they are the same on every rank, the model being the same)."""
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if not grads:
+        """Sum every parameter's ``.grad`` over ranks with ONE all-reduce of the flattened gradients.
+
+        :class:`~sb3_ppo_scale.core.step.UpdateStep` sums the minibatch's statistics right after the gradients and
+        reads neither in between, so the gradients are held back and reduced in the same collective as those
+        statistics (:meth:`sum_`): one all-reduce per logical minibatch carries both. Parameters without a gradient
+        are skipped (the same ones on every rank: the model is the same).
+        """
+        self._pending = [p.grad for p in parameters if p.grad is not None]
+
+    def _reduce_flat(self, tensors: list[th.Tensor]) -> None:
+        """One all-reduce of the concatenation of ``tensors``, written back into each."""
+        if len(tensors) == 1 and tensors[0].device == self.device and tensors[0].is_contiguous():
+            dist.all_reduce(tensors[0], group=self.group)
             return
-        flat = self.sum_(th.cat([g.reshape(-1) for g in grads]))
-        for grad, part in zip(grads, th.split(flat, [g.numel() for g in grads])):
-            grad.copy_(part.view_as(grad))
+        flat = th.cat([t.reshape(-1) for t in tensors]).to(self.device)
+        dist.all_reduce(flat, group=self.group)
+        for tensor, part in zip(tensors, th.split(flat, [t.numel() for t in tensors])):
+            tensor.copy_(part.view_as(tensor))
 
     def mean(self, value: th.Tensor, count: int) -> th.Tensor:
         """The count-weighted mean over ranks of a scalar ``value`` that is a mean over ``count`` samples."""

@@ -211,13 +211,19 @@ def _learn_worker(rank: int, out: Path) -> dict[str, Any]:
     env = VecNormalize(make_vec_env("CartPole-v1", n_envs=2))
     cartpole = ScalablePPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=2, seed=0, device="cpu",
                            grad_accum_steps=2)
-    cartpole.learn(1024)
+    all_reduce, calls = dp.dist.all_reduce, []
+    dp.dist.all_reduce = lambda tensor, *args, **kwargs: calls.append(tensor.numel()) or all_reduce(tensor, *args, **kwargs)
+    try:
+        cartpole.learn(1024)
+    finally:
+        dp.dist.all_reduce = all_reduce
     obs_rms = env.obs_rms
     results["cartpole"] = dict(params=_state(cartpole), timesteps=cartpole.num_timesteps,
                                grad_steps=cartpole._n_grad_steps, obs_rms=(obs_rms.mean, obs_rms.var, obs_rms.count),
                                ret_rms=(env.ret_rms.mean, env.ret_rms.var, env.ret_rms.count),
                                first_obs=cartpole.rollout_buffer.observations[0].copy(),
-                               outputs=len(cartpole.logger.output_formats))
+                               outputs=len(cartpole.logger.output_formats), all_reduces=calls,
+                               n_parameters=sum(p.numel() for p in cartpole.policy.parameters()))
     if rank == 0:
         cartpole.save(out / "cartpole.zip")
     return results
@@ -242,6 +248,18 @@ def test_learn_keeps_parameters_identical_and_counts_global_steps(learned, env_i
     else:  # target_kl may stop early, on both ranks at the same minibatch
         assert ranks[0]["grad_steps"] == ranks[1]["grad_steps"] <= updates * per_update
         assert ranks[0]["beta"] == ranks[1]["beta"]
+
+
+def test_one_all_reduce_carries_a_minibatch_gradients_and_statistics(learned) -> None:
+    """Per rollout: the step count and stop flag, the VecNormalize statistics; per update: the sample-count check;
+    per logical minibatch: the advantage moments, then ONE collective with the flattened gradients and the stats."""
+    rank = learned[0][0]["cartpole"]
+    rollouts, minibatches = 4, 32
+    sizes = rank["all_reduces"]
+    assert len(sizes) == 2 * rollouts + rollouts + 2 * minibatches
+    gradient_collectives = [n for n in sizes if n > rank["n_parameters"]]
+    assert len(gradient_collectives) == minibatches
+    assert len(set(gradient_collectives)) == 1  # the flattened gradients + the stats vector, every time
 
 
 def test_ranks_collect_with_their_own_seeds_and_merge_vecnormalize(learned) -> None:
