@@ -596,6 +596,79 @@ def learn_resumable(model: BaseAlgorithm, total_timesteps: int | None, checkpoin
     return model
 
 
+# ------------------------------------------------------------------------------------------------ train command
+#: The checkpoint's file name in a ``sb3-ppo-scale train`` run folder.
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+def add_train_arguments(parser: Any) -> None:
+    """``--checkpoint-every N`` and ``--resume`` of ``sb3-ppo-scale train``."""
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                        help=f"write <log-dir>/{CHECKPOINT_NAME} every N env steps (at rollout boundaries; default: only "
+                             f"on SIGTERM/SIGINT and at the end). SIGTERM/SIGINT write it and exit with code "
+                             f"{PREEMPTED_EXIT_CODE}")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"continue the run from <log-dir>/{CHECKPOINT_NAME} if it exists (same budget, same "
+                             "TensorBoard run); start a new run otherwise")
+
+
+def train_checkpoint(run_dir: Path, every_steps: int | None) -> ResumableCheckpoint:
+    """The train command's checkpoint callback (ValueError naming ``--checkpoint-every`` if it is not >= 1)."""
+    if every_steps is not None and every_steps < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1 env step, got {every_steps}")
+    return ResumableCheckpoint(run_dir / CHECKPOINT_NAME, every_steps)
+
+
+def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
+    """The run folder's checkpoint when ``--resume`` asks for it and it exists. Before the envs are built: a resumed
+    run keeps the earlier Monitor CSVs (renamed ``<i>.part<k>.monitor.csv``; SB3's ``load_results`` reads them all)."""
+    path = run_dir / CHECKPOINT_NAME
+    if not resume or not path.is_file():
+        if resume:
+            print(f"--resume: no {path}; starting a new run", file=sys.stderr)
+        elif path.is_file():
+            print(f"warning: {run_dir} holds a checkpoint; without --resume this run starts over and replaces it",
+                  file=sys.stderr)
+        return None
+    monitor = run_dir / "monitor"
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 alone writes Monitor files
+        return path
+    part = 1 + len({p.name.split(".")[1] for p in monitor.glob("*.part*.monitor.csv")})
+    for csv in monitor.glob("*.monitor.csv"):
+        if ".part" not in csv.name:
+            csv.rename(csv.with_name(csv.name.replace(".monitor.csv", f".part{part}.monitor.csv")))
+    return path
+
+
+def resume_train_model(path: Path, env: VecEnv, device: str, n_timesteps: int) -> BaseAlgorithm:
+    """The train command's model from its checkpoint; ValueError if ``--n-timesteps`` differs from its budget."""
+    model = load_checkpoint(path, env, device=device)
+    budget = int(model._total_timesteps)
+    if budget != n_timesteps:
+        raise ValueError(f"--n-timesteps {n_timesteps} differs from the budget of the checkpointed run ({budget}); "
+                         "resume with the same budget")
+    notes = "; ".join(resume_notes(model))
+    print(f"resuming {path} at {model.num_timesteps} of {budget} env steps" + (f" ({notes})" if notes else ""),
+          flush=True)
+    return model
+
+
+def continue_evaluations(callback: Any, run_dir: Path, num_timesteps: int) -> None:
+    """A resumed run's PeriodicEvalCallback: the earlier evaluations (``evaluations.npz``) kept, the next one at
+    the next multiple of ``eval_freq`` after ``num_timesteps`` (as the uninterrupted run)."""
+    from sb3_ppo_scale.experiments.pipeline import Evaluation
+
+    saved = run_dir / "evaluations.npz"
+    if saved.is_file():
+        data = np.load(saved)
+        for steps, returns, lengths in zip(data["timesteps"], data["results"], data["ep_lengths"]):
+            if steps <= num_timesteps:
+                callback.evaluations.append(Evaluation(int(steps), float(np.mean(returns)), float(np.mean(lengths)),
+                                                       float("nan"), float("nan")))
+                callback._episodes.append((list(map(float, returns)), list(map(int, lengths))))
+    callback._next = (num_timesteps // callback.eval_freq + 1) * callback.eval_freq
+
+
 __all__ = [
     "CHECKPOINT_VERSION", "PREEMPTED_EXIT_CODE", "NonFiniteCheckpointError", "ResumableCheckpoint", "TrainingPreempted",
     "capture_boundary", "learn_resumable", "load_checkpoint", "read_checkpoint", "resume_notes", "save_checkpoint",

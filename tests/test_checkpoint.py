@@ -212,3 +212,68 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
     th.save({"version": 99}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a sb3_ppo_scale checkpoint of version 1"):
         read_checkpoint(tmp_path / "other.pt")
+
+
+# ------------------------------------------------------------------------------------------------ the train command
+CLI_ROLLOUT = 64  # 2 envs x 32 steps
+CLI_BUDGET = 100 * CLI_ROLLOUT
+TRAIN_ARGS = ["train", "--env", "CartPole-v1", "--set", "n_envs=2", "--set", "n_steps=32", "--set", "batch_size=64",
+              "--set", "n_epochs=1", "--n-timesteps", str(CLI_BUDGET), "--checkpoint-every", str(10 * CLI_ROLLOUT),
+              "--eval-freq", "0", "--no-progress"]
+
+
+def _scalar_steps(run: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folders = sorted(p.name for p in (run / "tensorboard").iterdir())
+    assert folders == ["ScalablePPO_1"]  # the resumed run wrote into the same TensorBoard run
+    events = EventAccumulator(str(run / "tensorboard" / "ScalablePPO_1"))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def test_sigterm_stops_train_with_a_checkpoint_and_resume_completes_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "sb3_ppo_scale", *TRAIN_ARGS, "--log-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    while not (run / "checkpoint.pt").exists():  # the first periodic checkpoint: training is under way
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == PREEMPTED_EXIT_CODE, err
+    assert "sb3-ppo-scale train: stopped by SIGTERM at" in err and "--resume (exit code 75)" in err
+
+    stopped_at = read_checkpoint(run / "checkpoint.pt")["counters"]["num_timesteps"]
+    assert 0 < stopped_at < CLI_BUDGET and stopped_at % CLI_ROLLOUT == 0
+    loaded = load_checkpoint(run / "checkpoint.pt", make_vec_env("CartPole-v1", n_envs=2), device="cpu")
+    assert loaded.num_timesteps == stopped_at and loaded._total_timesteps == CLI_BUDGET
+    assert not (run / "model.zip").exists()
+
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {run / 'checkpoint.pt'} at {stopped_at} of {CLI_BUDGET} env steps" in resumed.stdout
+    assert ScalablePPO.load(run / "model.zip").num_timesteps == CLI_BUDGET
+    # one point per rollout, from the first to the budget: no gap and no restart at the resume
+    assert _scalar_steps(run, "time/fps") == list(range(CLI_ROLLOUT, CLI_BUDGET + 1, CLI_ROLLOUT))
+    assert _scalar_steps(run, "train/loss") == list(range(2 * CLI_ROLLOUT, CLI_BUDGET + 1, CLI_ROLLOUT))
+    assert sorted(p.name for p in (run / "monitor").iterdir()) == [
+        "0.monitor.csv", "0.part1.monitor.csv", "1.monitor.csv", "1.part1.monitor.csv"]
+
+
+def test_resume_with_another_budget_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sb3_ppo_scale.cli import main
+
+    run = tmp_path / "run"
+    model = ScalablePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2), n_steps=32, batch_size=64, device="cpu")
+    model.learn(CLI_ROLLOUT)
+    save_checkpoint(model, run / "checkpoint.pt")
+    args = [*TRAIN_ARGS, "--log-dir", str(run), "--resume"]
+    assert main(args) == 2  # a user's mistake: one line, exit code 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"sb3-ppo-scale train: error: --n-timesteps {CLI_BUDGET} differs from the budget of the checkpointed run "
+        f"({CLI_ROLLOUT}); resume with the same budget")
+    assert main([a for a in args if a != "--resume"] + ["--checkpoint-every", "0"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "sb3-ppo-scale train: error: --checkpoint-every must be >= 1 env step, got 0")

@@ -13,6 +13,8 @@ is built (a run that fails before training leaves no folder behind):
 - ``evaluations.npz``    periodic evaluations (SB3 EvalCallback format) and ``best_model.zip``; only when at least
                          one evaluation ran (``--n-timesteps`` >= ``--eval-freq`` > 0)
 - ``final_eval.json``    the evaluation after training
+- ``checkpoint.pt``      the exact-resume checkpoint (``--checkpoint-every N``, SIGTERM/SIGINT, end of training;
+                         ``--resume`` continues from it, see docs/checkpoints.md and sb3_ppo_scale.checkpoint)
 
 ``evaluate`` rebuilds the env from ``config.yml``, loads the model and statistics and reports the mean return.
 """
@@ -30,6 +32,7 @@ import numpy as np
 import yaml
 
 from sb3_ppo_scale.distributed import is_main_process
+from sb3_ppo_scale import checkpoint as checkpointing
 from sb3_ppo_scale.experiments import bench as bench_module
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, set_threads
 
@@ -72,11 +75,13 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--verbose", type=int, default=0)
+    checkpointing.add_train_arguments(parser)
     parser.set_defaults(func=train)
 
 
 def train(args: argparse.Namespace) -> int:
-    """Train as the entry says; writes the run folder described in the module docstring. Returns 0."""
+    """Train as the entry says; writes the run folder described in the module docstring. Returns 0, or
+    :data:`~sb3_ppo_scale.checkpoint.PREEMPTED_EXIT_CODE` when SIGTERM/SIGINT stopped it after its checkpoint."""
     from sb3_ppo_scale.experiments import zoo
 
     set_threads(args.threads)
@@ -96,10 +101,16 @@ def train(args: argparse.Namespace) -> int:
               "training, so no best_model.zip or evaluations.npz (final_eval.json is still written); lower "
               "--eval-freq to evaluate", file=sys.stderr)
     run_dir = Path(args.log_dir or Path("logs") / f"{config.entry.replace('/', '_')}_seed{args.seed}")
-    model, callback = _build_run(config, args, run_dir, n_timesteps)
+    checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
+    model, callback = _build_run(config, args, run_dir, n_timesteps,
+                                 checkpointing.checkpoint_to_resume(run_dir, args.resume))
     main = is_main_process()  # under torchrun every rank trains; rank 0 alone evaluates and writes the run folder
-    model.learn(total_timesteps=n_timesteps, callback=callback, progress_bar=not args.no_progress and main,
-                tb_log_name="ScalablePPO")
+    try:
+        checkpointing.learn_resumable(model, n_timesteps, checkpoint, callback=callback, tb_log_name="ScalablePPO",
+                                      progress_bar=not args.no_progress and main)
+    except checkpointing.TrainingPreempted as stopped:
+        print(f"sb3-ppo-scale train: {stopped}", file=sys.stderr, flush=True)
+        return checkpointing.PREEMPTED_EXIT_CODE
     if not main:
         return 0
     model.save(run_dir / "model.zip")
@@ -114,9 +125,10 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps: int) -> tuple[Any, Any]:
-    """Envs, model, evaluation callback and ``config.yml`` of a run; the run folder is removed again (if this
-    created it) when any of them fails."""
+def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps: int,
+               resume_from: Path | None = None) -> tuple[Any, Any]:
+    """Envs, model (from ``resume_from``, a checkpoint, if given), evaluation callback and ``config.yml`` of a run;
+    the run folder is removed again (if this created it) when any of them fails."""
     from sb3_ppo_scale.experiments import zoo
     from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
 
@@ -124,14 +136,19 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
     created = main and not run_dir.exists()
     try:
         env = zoo.make_envs(config, seed=args.seed, monitor_dir=str(run_dir / "monitor") if main else None)
-        model = zoo.build_model(config, env, seed=args.seed, device=args.device, verbose=args.verbose,
-                                tensorboard_log=str(run_dir / "tensorboard"))
+        if resume_from is not None:
+            model = checkpointing.resume_train_model(resume_from, env, args.device, n_timesteps)
+        else:
+            model = zoo.build_model(config, env, seed=args.seed, device=args.device, verbose=args.verbose,
+                                    tensorboard_log=str(run_dir / "tensorboard"))
         callback = None
         if args.eval_freq > 0 and main:
             eval_env = zoo.make_envs(config, n_envs=1, seed=args.seed + EVAL_SEED_OFFSET, eval_env=True,
                                      vec_env_cls=_evaluation_vec_env(config))
             callback = PeriodicEvalCallback(eval_env, args.eval_freq, args.eval_episodes, eval_at_end=False,
                                             on_eval=_print_evaluation if args.verbose else None, save_dir=run_dir)
+            if resume_from is not None:
+                checkpointing.continue_evaluations(callback, run_dir, model.num_timesteps)
         if main:
             _write_run_config(run_dir, config, args, n_timesteps)
     except BaseException:
