@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -189,3 +190,25 @@ def wait_for(condition: Callable[[], T | None], what: str, process: subprocess.P
             pytest.fail(f"the process exited ({process.returncode}) before {what}:\n{output[-3000:]}")
         time.sleep(poll_s)
     pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def kill_mid_trial(process: subprocess.Popen[str], trials: Callable[[], list[Any]], n_params: int) -> Any:
+    """Wait until the storage read by ``trials()`` holds a COMPLETE trial and a RUNNING one with all ``n_params``
+    parameters (the trial a ``start_gated_tune`` process hangs in), SIGKILL the process group, reap it, and return
+    that RUNNING trial as it was before the kill."""
+    from optuna.trial import TrialState
+
+    def running_after_a_complete_one() -> Any:
+        current = trials()
+        running = [t for t in current if t.state == TrialState.RUNNING and len(t.params) == n_params]
+        return running[0] if running and any(t.state == TrialState.COMPLETE for t in current) else None
+
+    try:
+        victim = wait_for(running_after_a_complete_one, "a RUNNING trial with all its parameters", process)
+        os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    return victim

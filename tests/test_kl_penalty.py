@@ -29,8 +29,7 @@ from sb3_ppo_scale.core.kl import (
     mean_rollout_kl,
     rollout_distribution_params,
 )
-from sb3_ppo_scale.core.objectives import AdvantageNormalizer, LossSettings, kl_penalty
-from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.objectives import LossSettings, kl_penalty
 from sb3_ppo_scale.core.sampling import MinibatchLoader
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, assert_params_close
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from sb3_ppo_scale.tuning.importance import stars
 from sb3_ppo_scale.tuning.report import report_command, verdict
 from sb3_ppo_scale.tuning.runner import resolve_storage, split, tune
 from sb3_ppo_scale.tuning.storage import RETRY_ATTR, WORKER_ATTR, open_storage, recover_stale_trials
-from tests.helpers import skip_or_fail_in_ci, start_gated_tune, wait_for
+from tests.helpers import kill_mid_trial, skip_or_fail_in_ci, start_gated_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ["clip_range", "learning_rate", "gae_lambda", "log2_batch_size", "n_epochs"]
@@ -205,21 +204,7 @@ def test_sigkill_mid_trial_then_resume_loses_no_completed_trial(tmp_path: Path) 
     path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=256, n_trials=3))
     journal = Path(resolve_storage(load_spec(path)))
     process = start_gated_tune(["tune", str(path)], free_trainings=1)  # trial 0 completes, trial 1 hangs
-
-    def running_after_a_complete_one() -> optuna.trial.FrozenTrial | None:
-        trials = load_trials(path) if journal.exists() else []
-        running = [t for t in trials if t.state == TrialState.RUNNING and len(t.params) == len(PARAMS)]
-        done = [t for t in trials if t.state == TrialState.COMPLETE]
-        return running[0] if done and running else None
-
-    try:
-        victim = wait_for(running_after_a_complete_one, "a RUNNING trial with all its parameters", process)
-        os.killpg(process.pid, signal.SIGKILL)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-    assert process.returncode == -signal.SIGKILL
+    victim = kill_mid_trial(process, lambda: load_trials(path) if journal.exists() else [], len(PARAMS))
     before = {t.number: t.value for t in load_trials(path) if t.state == TrialState.COMPLETE}
     assert list(before) == [0] and victim.number == 1  # trial 0 completed; trial 1 was killed mid-trial
 

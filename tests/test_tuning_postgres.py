@@ -17,7 +17,6 @@ import glob
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -35,7 +34,7 @@ from sb3_ppo_scale.tuning import spec_from_dict, storage as storage_module
 from sb3_ppo_scale.tuning.report import report_command
 from sb3_ppo_scale.tuning.runner import tune
 from sb3_ppo_scale.tuning.storage import HEARTBEAT_INTERVAL_S, WORKER_ATTR, open_storage, recover_stale_trials, worker_id
-from tests.helpers import skip_or_fail_in_ci, start_gated_tune, wait_for
+from tests.helpers import kill_mid_trial, skip_or_fail_in_ci, start_gated_tune, wait_for
 
 #: shortened heartbeat settings of the kill-and-retry test (seconds)
 TEST_HEARTBEAT_S, TEST_GRACE_S = 1, 3
@@ -156,18 +155,8 @@ def test_killed_worker_on_another_machine_is_failed_by_heartbeat_and_retried(
         except KeyError:  # the worker has not created the study yet
             return []
 
-    def running_after_a_complete_one() -> optuna.trial.FrozenTrial | None:
-        running = [t for t in trials() if t.state == TrialState.RUNNING and len(t.params) == 2]
-        return running[0] if running and any(t.state == TrialState.COMPLETE for t in trials()) else None
-
-    try:
-        victim = wait_for(running_after_a_complete_one, "a RUNNING trial with its parameters", worker)
-        os.killpg(worker.pid, signal.SIGKILL)
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.communicate()
-    assert worker.returncode == -signal.SIGKILL and victim.number == 1
+    victim = kill_mid_trial(worker, trials, n_params=2)
+    assert victim.number == 1
     assert victim.user_attrs[WORKER_ATTR].startswith("another-machine:")
 
     # The trial stays RUNNING in the database; it is stale once its last heartbeat is TEST_GRACE_S old.
