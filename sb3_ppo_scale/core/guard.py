@@ -78,14 +78,20 @@ class NonFiniteGuard:
 
     def _step_or_undo(self, optimizer: th.optim.Optimizer, parameters: list[th.nn.Parameter],
                       finite: th.Tensor) -> None:
-        """The step, then every parameter and optimizer-state tensor put back where ``finite`` is false."""
+        """The step, then every parameter and optimizer-state tensor put back where ``finite`` is false. State that
+        this very step created (the optimizer's first step) is zeroed instead: Adam's fresh state (zero moments, step
+        0) behaves exactly like none."""
+        existing = {id(t) for p in parameters for t in optimizer.state.get(p, {}).values() if isinstance(t, th.Tensor)}
         state = [t for p in parameters for t in optimizer.state.get(p, {}).values() if isinstance(t, th.Tensor)]
         tensors = [p.data for p in parameters] + state
         before = [t.clone() for t in tensors]
         optimizer.step()
-        # state created by this very step (the first one) has no "before": it is new either way
         for tensor, old in zip(tensors, before):
             tensor.copy_(th.where(finite, tensor, old))
+        created = [t for p in parameters for t in optimizer.state.get(p, {}).values()
+                   if isinstance(t, th.Tensor) and id(t) not in existing]
+        for tensor in created:
+            tensor.copy_(th.where(finite, tensor, th.zeros_like(tensor)))
         self.skipped += (~finite).long()
         self.consecutive.copy_(th.where(finite, th.zeros_like(self.consecutive), self.consecutive + 1))
 
