@@ -277,3 +277,36 @@ def test_resume_with_another_budget_is_refused(tmp_path: Path, capsys: pytest.Ca
     assert main([a for a in args if a != "--resume"] + ["--checkpoint-every", "0"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "sb3-ppo-scale train: error: --checkpoint-every must be >= 1 env step, got 0")
+
+
+# ------------------------------------------------------------------------------------------------ tuning workers
+def test_sigterm_fails_and_requeues_the_running_trial_and_the_study_continues(tmp_path: Path) -> None:
+    """``tune`` stopped by SIGTERM mid-trial: that trial is FAIL (user attribute preempted=SIGTERM), its parameters
+    are enqueued again, the exit code is 75; the same command then completes the study with the retry."""
+    from optuna.trial import TrialState
+
+    from sb3_ppo_scale.tuning.preemption import PREEMPTED_ATTR
+    from sb3_ppo_scale.tuning.storage import RETRY_ATTR
+    from tests.test_tuning import load_trials, run_cli, tiny_spec, write_spec
+
+    path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=1024, n_trials=2))
+    journal = tmp_path / "out" / "tiny.journal"
+    process = run_cli("tune", str(path))
+    while not (journal.exists() and [t for t in load_trials(path) if t.state == TrialState.RUNNING and t.params]):
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == PREEMPTED_EXIT_CODE, output
+    assert "stopped by SIGTERM: trial(s) [0] failed, re-queued [0]" in output
+    trials = load_trials(path)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[0].user_attrs[PREEMPTED_ATTR] == "SIGTERM"
+    assert trials[1].user_attrs[RETRY_ATTR] == 0 and trials[1].system_attrs["fixed_params"] == trials[0].params
+
+    resumed = run_cli("tune", str(path))
+    output, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, output
+    trials = load_trials(path)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert trials[1].params == trials[0].params

@@ -10,6 +10,7 @@ import optuna
 
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
+from sb3_ppo_scale.tuning.preemption import PreemptionCheck
 from sb3_ppo_scale.tuning.spec import ParamSpec, StudySpec, pow2_bounds
 
 
@@ -64,7 +65,7 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
         model = zoo.build_model(config, env, seed=seed)
         callback = PeriodicEvalCallback(eval_env, spec.evaluation.eval_freq, spec.evaluation.n_episodes,
                                         spec.evaluation.deterministic, on_eval=hook)
-        model.learn(total_timesteps=config.n_timesteps, callback=callback)
+        model.learn(total_timesteps=config.n_timesteps, callback=[callback, PreemptionCheck()])  # SIGTERM: stop
         return reduce_returns(callback.returns, spec.evaluation.objective), callback.returns
     finally:
         env.close()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import signal
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -22,10 +23,12 @@ from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
+from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.objective import decode_params, make_objective
 from sb3_ppo_scale.tuning.spec import StudySpec
-from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, worker_id
+from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id
 
 
 class TrialSeededRandomSampler(BaseSampler):
@@ -135,7 +138,8 @@ def _progress(spec: StudySpec) -> Callable[[optuna.Study, FrozenTrial], None]:
 def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total: int,
                threads: int = DEFAULT_THREADS) -> None:
     """One worker: run up to ``n_trials`` trials with ``threads`` torch threads, stop early once the study holds
-    ``total`` counted trials."""
+    ``total`` counted trials. SIGTERM/SIGINT fail the running trial, re-queue it and exit with code 75
+    (:mod:`sb3_ppo_scale.tuning.preemption`)."""
     set_threads(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=spec.study_name(env_id), storage=open_storage(storage),
@@ -144,10 +148,30 @@ def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total:
 
     def owned_objective(trial: optuna.Trial) -> float:
         trial.set_user_attr(WORKER_ATTR, worker_id())
-        return objective(trial)
+        try:
+            return objective(trial)
+        except preemption.TrialPreempted as stopped:
+            trial.set_user_attr(preemption.PREEMPTED_ATTR, stopped.signal_name)
+            raise  # Optuna records the trial as FAIL
 
     stop = MaxTrialsCallback(total, states=counted_states(spec))
-    study.optimize(owned_objective, n_trials=n_trials, callbacks=[stop, _progress(spec)], catch=())
+    with preemption.handling():
+        try:
+            study.optimize(owned_objective, n_trials=n_trials, callbacks=[stop, _progress(spec), preemption.between_trials],
+                           catch=())
+        except preemption.TrialPreempted as stopped:
+            _requeue_preempted(study, stopped.signal_name)
+
+
+def _requeue_preempted(study: optuna.Study, signal_name: str) -> NoReturn:
+    """Re-queue this worker's trial that a signal stopped, say so, and exit with PREEMPTED_EXIT_CODE."""
+    mine = [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            if t.user_attrs.get(WORKER_ATTR) == worker_id() and preemption.PREEMPTED_ATTR in t.user_attrs]
+    requeued = [t.number for t in mine if requeue(study, t)]
+    print(f"[{study.study_name}] stopped by {signal_name}: trial(s) {[t.number for t in mine]} failed, re-queued "
+          f"{requeued}; run the same command again to continue (exit code {PREEMPTED_EXIT_CODE})",
+          file=sys.stderr, flush=True)
+    raise SystemExit(PREEMPTED_EXIT_CODE)
 
 
 def split(n: int, workers: int) -> list[int]:
@@ -191,8 +215,13 @@ def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total
         processes = [context.Process(target=run_worker, args=(spec, env_id, url, q, total, threads), daemon=False) for q in quotas]
         for process in processes:
             process.start()
-        for process in processes:
-            process.join()
+        with preemption.handling(forward_to=lambda: [p.pid for p in processes if p.pid is not None]):
+            for process in processes:
+                process.join()
+        if preemption.received() is not None:
+            print(f"[{study.study_name}] worker(s) stopped by {signal.Signals(preemption.received()).name}; run the "
+                  f"same command again to continue (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr, flush=True)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
         bad = [p.exitcode for p in processes if p.exitcode != 0]
         if bad:
             print(f"[{study.study_name}] {len(bad)} worker(s) exited with codes {bad}", file=sys.stderr, flush=True)

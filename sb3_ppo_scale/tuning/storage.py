@@ -121,7 +121,15 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
             continue
         if storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
             failed.append(trial.number)
-            retries = int(trial.user_attrs.get("retries", 0))
-            if retries < MAX_RETRY and trial.params:
-                study.enqueue_trial(trial.params, user_attrs={RETRY_ATTR: trial.number, "retries": retries + 1})
+            requeue(study, trial)
     return failed
+
+
+def requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """Enqueue a failed trial's parameters again (``retry_of`` its number) unless it was retried MAX_RETRY times;
+    returns whether it was enqueued."""
+    retries = int(trial.user_attrs.get("retries", 0))
+    if retries >= MAX_RETRY or not trial.params:
+        return False
+    study.enqueue_trial(trial.params, user_attrs={RETRY_ATTR: trial.number, "retries": retries + 1})
+    return True

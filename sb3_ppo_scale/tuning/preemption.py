@@ -1,0 +1,91 @@
+"""Preemption of a tuning worker: SIGTERM or SIGINT fails the running trial, re-queues its parameters and exits.
+
+A worker that receives SIGTERM or SIGINT stops its trial at the next env step of the training in progress (or
+between trials): Optuna records the trial as FAIL (user attribute ``preempted``: the signal's name), its parameters
+are enqueued again (``retry_of``: its number, as for a killed worker's trial, at most
+:data:`~sb3_ppo_scale.tuning.storage.MAX_RETRY` times) and the worker exits with
+:data:`~sb3_ppo_scale.checkpoint.PREEMPTED_EXIT_CODE` (75). Re-running the same ``tune`` command continues the study:
+the re-queued trial runs first, from scratch (a trial's training is not checkpointed: trials are short).
+
+``tune --workers N`` forwards a signal it receives to its worker processes and exits with the same code once they
+have stopped. A worker killed outright (SIGKILL, or a signal before its handler is installed) is still recovered by
+:func:`~sb3_ppo_scale.tuning.storage.recover_stale_trials` when ``tune`` runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+
+#: signals that stop a worker
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: user attribute of a trial stopped by a signal: the signal's name
+PREEMPTED_ATTR = "preempted"
+
+_received: list[int] = []  #: signals this process received while :func:`handling` was active
+
+
+class TrialPreempted(Exception):
+    """A signal stopped the running trial (Optuna marks it FAIL; the worker re-queues it)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signal_name}")
+
+
+def received() -> int | None:
+    """The first stop signal received while :func:`handling` was active (None: none)."""
+    return _received[0] if _received else None
+
+
+@contextmanager
+def handling(forward_to: Callable[[], list[int]] | None = None) -> Iterator[None]:
+    """Record SIGTERM/SIGINT instead of dying (main thread only), forwarding them to ``forward_to()``'s pids."""
+
+    def record(signum: int, frame: Any) -> None:
+        first = not _received
+        _received.append(signum)
+        if first:
+            os.write(2, f"received {signal.Signals(signum).name}: stopping the tuning worker(s)\n".encode())
+        for pid in forward_to() if forward_to is not None else []:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {}
+    try:
+        for signum in SIGNALS:
+            previous[signum] = signal.signal(signum, record)
+    except ValueError:  # not the main thread: signals are the caller's business
+        pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def check() -> None:
+    """Raise :class:`TrialPreempted` if a stop signal arrived."""
+    signum = received()
+    if signum is not None:
+        raise TrialPreempted(signum)
+
+
+class PreemptionCheck(BaseCallback):
+    """Stops a trial's training at the next env step after a stop signal (raises :class:`TrialPreempted`)."""
+
+    def _on_step(self) -> bool:
+        check()
+        return True
+
+
+def between_trials(study: Any, trial: Any) -> None:
+    """Optuna callback: no new trial after a stop signal."""
+    check()
