@@ -110,3 +110,16 @@ def test_small_study_rule() -> None:
     assert too_small(result(64, 0.34)) == ("PED-ANOVA top parameter kept in 34% of resamples, fANOVA top parameter "
                                            "kept in 34% of resamples < 50%")
     assert too_small(result(64, 0.0, n_resamples=0)) is None  # bootstrap off: only the trial count counts
+
+
+def test_trial_config_is_a_zoo_config(tmp_path: Path) -> None:
+    from sb3_ppo_scale.experiments.pipeline import LinearSchedule
+    from sb3_ppo_scale.tuning.objective import trial_config
+
+    spec = load_spec(_spec(tmp_path / "specs"))
+    config = trial_config(spec, "CartPole-v1", {"clip_range": 0.25, "learning_rate": 3e-4, "n_epochs": 2})
+    assert config.entry == "quick:CartPole-v1" and config.n_timesteps == 1024 and config.n_envs == 2
+    kwargs = config.model_kwargs
+    assert kwargs["learning_rate"] == LinearSchedule(3e-4) and kwargs["clip_range"] == 0.25 and kwargs["n_epochs"] == 2
+    assert kwargs["policy_kwargs"]["activation_fn"] is __import__("torch").nn.ReLU and kwargs["device"] == "cpu"
+    assert config.normalize is None and config.vec_env == "dummy"
