@@ -110,7 +110,7 @@ def preempt_and_resume(case: str, path: Path) -> ScalablePPO:
     assert stopped.value.num_timesteps == STOP_ROLLOUT * ROLLOUT
     assert read_checkpoint(path)["counters"]["num_timesteps"] == STOP_ROLLOUT * ROLLOUT
     del model
-    resumed = load_checkpoint(path, make_env(CASES[case].get("normalize", False)), device="cpu")
+    resumed = ScalablePPO.load_checkpoint(path, make_env(CASES[case].get("normalize", False)), device="cpu")
     assert resume_notes(resumed) == []  # every env at an episode start, env RNGs readable: exact
     assert resumed.num_timesteps == STOP_ROLLOUT * ROLLOUT
     learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()))

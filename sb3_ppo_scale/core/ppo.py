@@ -174,6 +174,14 @@ class ScalablePPO(PPO):
         self._objective_state = self._objective.state_dict()
         super().save(*args, **kwargs)
 
+    @classmethod
+    def load_checkpoint(cls, path: Any, env: Any, device: str | th.device = "auto", **kwargs: Any) -> ScalablePPO:
+        """The model of an exact-resume checkpoint, ready to continue training on ``env`` (reset here); continue
+        with :func:`sb3_ppo_scale.checkpoint.learn_resumable` (see :func:`sb3_ppo_scale.checkpoint.load_checkpoint`)."""
+        from sb3_ppo_scale.checkpoint import load_checkpoint
+
+        return load_checkpoint(path, env, device=device, cls=cls, **kwargs)  # type: ignore[return-value]
+
     def _excluded_save_params(self) -> list[str]:
         runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_loss", "_config", "_objective", "_guard",
                    "_reducer", "_kl_beta", "_collect_device", "_collection"]
