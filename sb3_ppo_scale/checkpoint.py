@@ -84,8 +84,8 @@ class TrainingPreempted(SystemExit):
         self.path, self.signal_name, self.num_timesteps = path, signal_name, num_timesteps
 
     def __str__(self) -> str:
-        return (f"stopped by {self.signal_name} at {self.num_timesteps} env steps; checkpoint {self.path} written; "
-                f"run the same command with --resume (exit code {PREEMPTED_EXIT_CODE})")
+        return (f"stopped by {self.signal_name} at {self.num_timesteps} env steps; checkpoint {self.path} written "
+                f"(exit code {PREEMPTED_EXIT_CODE})")
 
 
 # ------------------------------------------------------------------------------------------------ distributed

@@ -243,7 +243,8 @@ def test_sigterm_stops_train_with_a_checkpoint_and_resume_completes_the_run(tmp_
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=300)
     assert process.returncode == PREEMPTED_EXIT_CODE, err
-    assert "sb3-ppo-scale train: stopped by SIGTERM at" in err and "--resume (exit code 75)" in err
+    assert "sb3-ppo-scale train: stopped by SIGTERM at" in err
+    assert "written (exit code 75); run the same command with --resume to continue" in err
 
     stopped_at = read_checkpoint(run / "checkpoint.pt")["counters"]["num_timesteps"]
     assert 0 < stopped_at < CLI_BUDGET and stopped_at % CLI_ROLLOUT == 0

@@ -109,7 +109,8 @@ def train(args: argparse.Namespace) -> int:
         checkpointing.learn_resumable(model, n_timesteps, checkpoint, callback=callback, tb_log_name="ScalablePPO",
                                       progress_bar=not args.no_progress and main)
     except checkpointing.TrainingPreempted as stopped:
-        print(f"sb3-ppo-scale train: {stopped}", file=sys.stderr, flush=True)
+        print(f"sb3-ppo-scale train: {stopped}; run the same command with --resume to continue", file=sys.stderr,
+              flush=True)
         return checkpointing.PREEMPTED_EXIT_CODE
     if not main:
         return 0
