@@ -60,14 +60,16 @@ def train(args: argparse.Namespace) -> None:
     dp.assert_parameters_in_sync(model)  # a collective: every rank calls it
     print(f"rank {dp.rank()}: {model.num_timesteps} env steps of all ranks, parameters identical on every rank",
           flush=True)
+    th.distributed.barrier()  # rank 0's report comes last
     if dp.is_main_process():
         model.save(args.save)
         reloaded = ScalablePPO.load(args.save, device="cpu")  # as a plain single process would
         mean, std = evaluate_policy(reloaded, make_vec_env(args.env, n_envs=1, seed=10_000),
                                     n_eval_episodes=1 if SMOKE else 10)
-        print(f"rank 0 saved {args.save}; mean return {mean:.1f} +/- {std:.1f}", flush=True)
         if SMOKE:
             os.remove(args.save)
+        print(f"rank 0 saved the model to {args.save} and reloaded it in this process; mean return: {mean:.1f} "
+              f"+/- {std:.1f}", flush=True)
 
 
 def main() -> int:
