@@ -96,7 +96,7 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _gather(local: dict[str, Any]) -> list[dict[str, Any]]:
+def _gather(local: Any) -> list[Any]:
     """Every rank's ``local`` state, in rank order (a collective under torch.distributed: every rank calls it)."""
     rank, world = _rank_and_world()
     if world == 1:
@@ -107,13 +107,8 @@ def _gather(local: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _any_rank(flag: bool) -> bool:
-    """True if ``flag`` is true on any rank (a collective under torch.distributed)."""
-    rank, world = _rank_and_world()
-    if world == 1:
-        return flag
-    value = th.tensor([int(flag)])
-    th.distributed.all_reduce(value, op=th.distributed.ReduceOp.MAX)
-    return bool(value.item())
+    """True if ``flag`` is true on any rank (a collective under torch.distributed, any backend)."""
+    return any(_gather(flag))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------ capture
@@ -420,9 +415,9 @@ class ResumableCheckpoint(BaseCallback):
     raises :class:`TrainingPreempted`). A second SIGINT interrupts at once (KeyboardInterrupt). A final
     checkpoint is written when ``learn()`` ends normally.
 
-    Under torch.distributed every rank runs this callback: the ranks agree on stopping at the next rollout
-    boundary (one all-reduce of a flag per rollout; a rollout is never abandoned half-way there), every rank's
-    local state is gathered and rank 0 writes.
+    Under torch.distributed every rank runs this callback: a rank that receives the signal abandons its rollout,
+    ScalablePPO's data-parallel rollout end merges the stop decision so every rank stops after that rollout, and
+    every rank writes the state at that rollout's start (the rank-local states are gathered, rank 0 writes).
 
     :param path: the checkpoint file (its folder is created).
     :param every_steps: env steps (all envs together) between checkpoints, >= 1, or None (only on signals and at
@@ -446,7 +441,7 @@ class ResumableCheckpoint(BaseCallback):
         self._boundary: dict[str, Any] | None = None
         self._boundary_written = False
         self._in_rollout = False
-        self._stop = False
+        self._updates_at_rollout_end: int | None = None
         self._last_written = 0
 
     # -------------------------------------------------------------------------------- signals
@@ -484,31 +479,27 @@ class ResumableCheckpoint(BaseCallback):
     def _on_rollout_start(self) -> None:
         _reapply_resume(self.model)
         self._boundary, self._boundary_written, self._in_rollout = capture_boundary(self.model), False, True
-        if _any_rank(self.stop_requested):
-            self._stop = True
-            self._write(self._boundary)
-        elif self.every_steps is not None and self.model.num_timesteps - self._last_written >= self.every_steps:
+        # periodic writes only: every rank decides alike here (the same global num_timesteps)
+        if self.every_steps is not None and self.model.num_timesteps - self._last_written >= self.every_steps:
             self._write(self._boundary)
 
     def _on_rollout_end(self) -> None:
-        self._in_rollout = False
+        self._in_rollout, self._updates_at_rollout_end = False, self.model._n_updates
 
     def _on_step(self) -> bool:
-        _, world = _rank_and_world()
-        if world == 1 and self.stop_requested:
-            self._stop = True
-        return not self._stop
+        return not self.stop_requested  # under torchrun the ranks' stop decisions are merged after the rollout
 
     def _on_training_end(self) -> None:
         self._restore_handlers()
-        if self._in_rollout and self._boundary is not None:  # an abandoned rollout: the state at its start
+        # the last rollout was abandoned, or collected and not trained on (learn() stopped after it, e.g. on another
+        # rank's signal): the state at its start; else learn() ended after an update: that state
+        untrained = self._in_rollout or self.model._n_updates == self._updates_at_rollout_end
+        if untrained and self._boundary is not None:
             if not self._boundary_written:
                 self._write(self._boundary)
-        else:  # after an update: a boundary now
+        else:
             self._write(capture_boundary(self.model))
         if _any_rank(self.stop_requested):
-            self._stop = True
-        if self._stop:
             self.preempted = True
             self.signal_name = signal.Signals(self._signal).name if self._signal is not None else "a signal on another rank"
 
