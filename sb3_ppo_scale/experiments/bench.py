@@ -20,7 +20,7 @@ Protocol (docs/benchmarks.md states it in full):
   excluded). The final evaluation (``--final-episodes`` episodes) follows the last update.
 - Threshold per task: ``max(--threshold-frac x the baseline label's mean final return, floor)``, with the floors
   of :data:`THRESHOLD_FLOORS` set above known plateaus (Hopper-v5: 1500, which a policy standing still cannot
-  reach). Time to threshold: training seconds at the first evaluation whose mean return reaches it.
+  reach). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
 - Reported per task and label: mean over seeds with a 95% percentile bootstrap interval (10 000 resamples).
 
     sb3-ppo-scale bench --tasks Hopper-v5 --algos sb3_ppo scalable_ppo@cpu --budget 300000 --seeds 0 1 2
@@ -227,11 +227,12 @@ def _try_run(*args: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def time_to_threshold(curve: list[dict[str, float]], threshold: float) -> float:
-    """Training seconds at the first evaluation whose return is >= threshold (inf if never)."""
+def time_to_threshold(curve: list[dict[str, float]], threshold: float, key: str = "train_s") -> float:
+    """``key`` (training wall-clock s; ``cpu_s``: CPU s; ``steps``: env steps) at the first evaluation whose return
+    is >= threshold (inf if never)."""
     for point in curve:
         if point["return"] >= threshold:
-            return point["train_s"]
+            return point[key]
     return float("inf")
 
 
@@ -282,6 +283,9 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
                 "final_length": _optional_ci([r.get("final_length") for r in algo_runs]),
                 "final_forward_distance": _optional_ci([r.get("final_forward_distance") for r in algo_runs]),
                 "time_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold) for r in algo_runs]),
+                "cpu_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "cpu_s") for r in algo_runs]),
+                "steps_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "steps")
+                                                    for r in algo_runs]),
                 "train_s": bootstrap_ci([r["train_s"] for r in algo_runs]),
                 "cpu_s": bootstrap_ci([r["cpu_s"] for r in algo_runs]),
                 "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
@@ -318,25 +322,26 @@ def _ratio(summary_task: dict[str, Any], key: str, algo: str) -> float:
     return algos[baseline][key][0] / algos[algo][key][0]
 
 
-def _threshold_cells(threshold: float, time_to_threshold: tuple[float, float, float]) -> str:
-    """The threshold and s-to-threshold cells; both n/a when there is neither a baseline run nor a floor."""
+def _threshold_cells(threshold: float, stats: dict[str, Any]) -> str:
+    """The threshold, steps-, s- and CPU-s-to-threshold cells; n/a without a baseline run or a floor."""
     if np.isnan(threshold):
-        return "n/a (no baseline runs) | n/a"
-    return f"{threshold:.0f} | {_fmt(time_to_threshold, 1)}"
+        return "n/a (no baseline runs) | n/a | n/a | n/a"
+    return (f"{threshold:.0f} | {_fmt(stats['steps_to_threshold'])} | {_fmt(stats['time_to_threshold'], 1)} | "
+            f"{_fmt(stats['cpu_to_threshold'], 1)}")
 
 
 def _table(summary: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| task | algo (config entry) | budget (steps) | seeds | final return | episode length | forward m |"
-        " threshold | s to threshold | train s | CPU s | steps/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " threshold | steps to threshold | s to threshold | CPU s to threshold | train s | CPU s | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, data in summary.items():
         for algo, s in data["algos"].items():
             lines.append(
                 f"| {task} | {algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | {_fmt(s['final_return'])} | "
                 f"{_fmt(s['final_length'])} | {_fmt(s['final_forward_distance'], 1)} | "
-                f"{_threshold_cells(data['threshold'], s['time_to_threshold'])} | {_fmt(s['train_s'], 1)} | "
+                f"{_threshold_cells(data['threshold'], s)} | {_fmt(s['train_s'], 1)} | "
                 f"{_fmt(s['cpu_s'], 1)} | {_fmt(s['steps_per_s'])} |"
             )
     return lines
@@ -395,7 +400,8 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
         "forward distance (x at the episode's end minus at its start, metres): deterministic evaluation after the",
         "last update. Time: training wall-clock seconds, evaluation excluded (CPU s: the process's CPU time, less",
         f"sensitive to other load). Threshold: max({threshold_frac:g} x the baseline's ({', '.join(baselines)}) mean",
-        f"final return, the task's floor above known plateaus: {floors}).", "",
+        f"final return, the task's floor above known plateaus: {floors}); steps / s / CPU s to threshold: at the first",
+        "evaluation whose mean return reaches it (env steps do not depend on the box's load).", "",
         *_table(summary),
         "", f"Against the baseline ({', '.join(baselines)}; ratios from the means, > 1: faster than the baseline):", "",
         *_baseline_lines(summary),
@@ -409,8 +415,9 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
 
 
 def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
-    """One PNG per task: mean evaluation return (band: min..max over seeds) vs env steps and vs training s, and
-    the mean forward distance vs env steps where recorded."""
+    """One PNG per task: mean evaluation return (band: min..max over seeds) vs env steps and vs training CPU s
+    (the process's, less sensitive to a busy box than wall-clock), and the mean forward distance and episode length
+    vs env steps where recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -419,22 +426,24 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for task in sorted({r["task"] for r in results}):
         labels = sorted({r["algo"] for r in results if r["task"] == task}, key=lambda a: _label_order(a, "sb3_ppo"))
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
         colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
         for label, color in zip(labels, colors):
             runs = [r for r in results if r["task"] == task and r["algo"] == label]
             n = min(len(r["curve"]) for r in runs)
             steps = np.array([[p["steps"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
-            seconds = np.array([[p["train_s"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
-            for ax, x, key in ((axes[0], steps, "return"), (axes[1], seconds, "return"), (axes[2], steps, "forward_distance")):
+            seconds = np.array([[p["cpu_s"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
+            for ax, x, key in ((axes[0], steps, "return"), (axes[1], seconds, "return"),
+                               (axes[2], steps, "forward_distance"), (axes[3], steps, "length")):
                 values = [[p.get(key) for p in r["curve"][:n]] for r in runs]
                 if any(v is None for row in values for v in row):
                     continue
                 y = np.array(values, dtype=float)
                 ax.plot(x, y.mean(axis=0), color=color, label=f"{label} ({len(runs)} seeds)")
                 ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
-        for ax, xlabel, ylabel in zip(axes, ("env steps", "training wall-clock s (1 thread, evaluation excluded)",
-                                             "env steps"), ("evaluation return", "evaluation return", "forward distance (m)")):
+        for ax, xlabel, ylabel in zip(axes, ("env steps", "training CPU s (1 thread, evaluation excluded)", "env steps",
+                                             "env steps"), ("evaluation return", "evaluation return",
+                                                            "forward distance (m)", "episode length (steps)")):
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
