@@ -311,3 +311,47 @@ def test_sigterm_fails_and_requeues_the_running_trial_and_the_study_continues(tm
     trials = load_trials(path)
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert trials[1].params == trials[0].params
+
+
+# ------------------------------------------------------------------------------------------------ data-parallel
+def _data_parallel_worker(rank: int, out: Path, mode: str) -> dict[str, Any]:
+    """One gloo rank (tests.test_distributed._spawn): ``full`` trains TOTAL global steps; ``preempt`` is stopped by
+    a SIGTERM that only rank 1 receives, mid-rollout; ``resume`` continues from the checkpoint rank 0 wrote."""
+    env = make_vec_env(FixedLengthEnv, n_envs=N_ENVS, seed=3 + 100 * rank)
+    path = out / "checkpoint.pt"
+    if mode == "resume":
+        model = ScalablePPO.load_checkpoint(path, env, device="cpu")
+        notes = resume_notes(model)
+        learn_resumable(model, None, ResumableCheckpoint(path, signals=()))
+        return {"params": [p.detach().clone() for p in model.policy.parameters()], "notes": notes,
+                "num_timesteps": model.num_timesteps}
+    model = ScalablePPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=32, n_epochs=2, seed=1, device="cpu",
+                        policy_kwargs={"net_arch": [16]})
+    if mode == "full":
+        model.learn(2 * TOTAL)
+        return {"params": [p.detach().clone() for p in model.policy.parameters()], "num_timesteps": model.num_timesteps}
+    checkpoint = ResumableCheckpoint(path, every_steps=2 * ROLLOUT, signals=())
+    stop = StopAt(checkpoint, 2 * STOP_ROLLOUT * ROLLOUT + 10) if rank == 1 else None
+    try:
+        learn_resumable(model, 2 * TOTAL, checkpoint, callback=stop)
+    except TrainingPreempted as stopped:
+        return {"preempted": stopped.signal_name, "at": stopped.num_timesteps}
+    return {"preempted": None}
+
+
+def test_data_parallel_preemption_on_one_rank_and_resume_is_exact(tmp_path: Path) -> None:
+    """2 gloo ranks: SIGTERM reaches rank 1 only; every rank stops, rank 0 writes both ranks' states; the resumed
+    2-rank run ends bit-identical to an uninterrupted one."""
+    from tests.test_distributed import _spawn
+
+    (tmp_path / "full").mkdir()
+    full = _spawn(_data_parallel_worker, tmp_path / "full", "full")
+    preempted = _spawn(_data_parallel_worker, tmp_path, "preempt")
+    assert preempted == [{"preempted": "a signal on another rank", "at": 2 * STOP_ROLLOUT * ROLLOUT},
+                         {"preempted": "SIGTERM", "at": 2 * STOP_ROLLOUT * ROLLOUT}]
+    state = read_checkpoint(tmp_path / "checkpoint.pt")
+    assert len(state["ranks"]) == 2 and state["counters"]["num_timesteps"] == 2 * STOP_ROLLOUT * ROLLOUT
+    resumed = _spawn(_data_parallel_worker, tmp_path, "resume")
+    for rank in range(2):
+        assert resumed[rank]["notes"] == [] and resumed[rank]["num_timesteps"] == full[rank]["num_timesteps"]
+        assert all(th.equal(a, b) for a, b in zip(resumed[rank]["params"], full[rank]["params"]))
