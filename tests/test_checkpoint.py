@@ -175,6 +175,40 @@ def test_mid_episode_resume_is_reported(tmp_path: Path) -> None:
     assert resumed._last_episode_starts.all()
 
 
+class CopyFirstCheckpoint(BaseCallback):
+    """Keeps a copy of the first checkpoint written (what a run killed later with SIGKILL would resume from)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.copy = path, path.with_name("first.pt")
+
+    def _on_step(self) -> bool:
+        if self.path.exists() and not self.copy.exists():
+            self.copy.write_bytes(self.path.read_bytes())
+        return True
+
+
+def test_resume_from_an_older_checkpoint_drops_the_later_tensorboard_events(tmp_path: Path) -> None:
+    """A run that went on after its checkpoint (then died, SIGKILL-style) and is resumed from it: TensorBoard keeps
+    one point per step, the resumed run's, with no duplicate and no gap."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = ScalablePPO("MlpPolicy", make_env(), n_steps=N_STEPS, batch_size=32, n_epochs=1, seed=0, device="cpu",
+                        tensorboard_log=str(tmp_path / "tb"), policy_kwargs={"net_arch": [8]})
+    path = tmp_path / "checkpoint.pt"
+    copier = CopyFirstCheckpoint(path)
+    learn_resumable(model, TOTAL, ResumableCheckpoint(path, every_steps=2 * ROLLOUT, signals=()), callback=copier,
+                    tb_log_name="run")
+    resumed = load_checkpoint(copier.copy, make_env(), device="cpu")
+    assert resumed.num_timesteps == 2 * ROLLOUT
+    learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()), tb_log_name="run")
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["run_1"]
+    events = EventAccumulator(str(tmp_path / "tb" / "run_1"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("time/fps")] == list(range(ROLLOUT, TOTAL + 1, ROLLOUT))
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(2 * ROLLOUT, TOTAL + 1, ROLLOUT))
+
+
 def test_write_is_atomic_and_non_finite_parameters_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_model("plain")
     model.learn(ROLLOUT)
