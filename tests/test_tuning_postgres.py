@@ -176,8 +176,6 @@ def test_killed_worker_on_another_machine_is_failed_by_heartbeat_and_retried(
     assert retry[0].user_attrs[WORKER_ATTR] == worker_id()  # ... in this process
 
 
-@pytest.mark.xfail(strict=True, reason="package bug: recover_stale_trials tests isinstance(study._storage, RDBStorage), "
-                   "but Optuna wraps an RDBStorage in _CachedStorage, so RDB studies take the journal (pid) branch")
 def test_recover_stale_trials_fails_heartbeat_stale_rdb_trials(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tune`` reports the trials it failed before starting workers; for an RDB that is the heartbeat check."""
     monkeypatch.setattr(storage_module, "HEARTBEAT_INTERVAL_S", TEST_HEARTBEAT_S)

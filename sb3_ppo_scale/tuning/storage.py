@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
@@ -110,7 +111,7 @@ def recover_stale_trials(study: optuna.Study) -> list[int]:
     as orphaned.
     """
     storage = study._storage
-    if isinstance(storage, RDBStorage):
+    if is_heartbeat_enabled(storage):  # an RDB storage (Optuna wraps it in a cache, so no isinstance check)
         before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
         optuna.storages.fail_stale_trials(study)
         after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
