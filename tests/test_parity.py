@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import max_param_diff, train_pair
+from tests.helpers import ACCUMULATION_ATOL, assert_identical, max_param_diff, train_pair
 
-TOL = 1e-5
 N_STEPS = 256
 ROLLOUTS = 3
 
@@ -28,7 +27,10 @@ def test_parameters_equal_ppo(env_id: str, target_kl: float | None, grad_accum_s
     ppo, scalable = train_pair(
         env_id, ROLLOUTS * N_STEPS, scalable_kwargs=dict(grad_accum_steps=grad_accum_steps), **_common(env_id, target_kl)
     )
-    assert max_param_diff(ppo, scalable) <= TOL
+    if grad_accum_steps == 1:
+        assert_identical(ppo, scalable)  # parameters and Adam state, bit for bit
+    else:  # another float summation order of the gradients (tests/helpers.py justifies the tolerance)
+        assert max_param_diff(ppo, scalable) <= ACCUMULATION_ATOL
     assert scalable._n_updates == ppo._n_updates
     full_run_steps = ROLLOUTS * 4 * (N_STEPS // 64)
     if target_kl is None:
@@ -50,7 +52,7 @@ def test_accumulation_with_uneven_and_short_batches(batch_size: int, grad_accum_
         batch_size=batch_size,
         n_epochs=3,
     )
-    assert max_param_diff(ppo, scalable) <= TOL
+    assert max_param_diff(ppo, scalable) <= ACCUMULATION_ATOL
 
 
 def test_logger_keys_and_values_match_ppo() -> None:
@@ -59,5 +61,5 @@ def test_logger_keys_and_values_match_ppo() -> None:
     ours = {k for k in scalable.logger.seen if k.startswith("train/")}
     assert ours == ppo_keys | {"train/n_grad_steps"}
     for key in ppo_keys:
-        assert scalable.logger.seen[key] == pytest.approx(ppo.logger.seen[key], rel=1e-5, abs=1e-7), key
+        assert scalable.logger.seen[key] == ppo.logger.seen[key], key  # the same values, not just close ones
     assert scalable.logger.seen["train/n_grad_steps"] == 2 * 2 * (N_STEPS // 64)
