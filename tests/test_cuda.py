@@ -18,6 +18,10 @@ from tests.helpers import max_param_diff, train_one, train_pair
 
 pytestmark = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
 
+#: CUDA kernels are not bit-reproducible across launch configurations (atomics in reductions, cuBLAS algorithm
+#: choice per stream), and the graphed optimizer's capturable mode computes Adam's bias corrections in float32 on
+#: the device instead of float64 on the host: ~1 ulp per step. After up to 48 Adam steps at lr 3e-4 that stays
+#: well below 1e-5, while a wrong or skipped minibatch moves parameters by ~lr (30x more).
 TOL = 1e-5
 N_STEPS = 256
 COMMON = dict(n_steps=N_STEPS, batch_size=64, n_epochs=4)
