@@ -70,9 +70,14 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
     assert summary["T"]["algos"]["sb3_ppo@cpu"]["final_forward_distance"][0] == pytest.approx(2.0005)
     text = bench.write_markdown(summary, tmp_path, 0.9, "cmd").read_text()
     assert "- T, sb3_ppo@cpu: time to threshold 2.00x, training time 2.00x" in text  # the config's effect
-    assert ("- T, scalable_ppo@cpu vs sb3_ppo@cpu (entry `T@cpu`): training time 2.00 [2.00, 2.00]x less, "
-            "final return 11 [10, 12] higher (per seed)") in text  # the plugin's effect
+    assert ("- T, scalable_ppo@cpu vs sb3_ppo@cpu (entry `T@cpu`): training time ratio (SB3 / ScalablePPO) "
+            "2.00 [2.00, 2.00], CPU time ratio 2.00 [2.00, 2.00], final return 11 [10, 12] higher (per seed); "
+            "evaluation returns identical on 0 of 2 seeds") in text  # the plugin's effect
     assert "| 1000 [1000, 1000] | 2.0 [2.0, 2.0] |" in text  # episode length and forward distance columns
+    args = bench.build_parser().parse_args(["--tasks", "T", "--out", "o", "--report-only"])
+    assert bench.command_line("cmd", args, bench.load_results(tmp_path)) == (
+        "cmd --tasks T --algos sb3_ppo sb3_ppo@cpu scalable_ppo@cpu --no-pairs --seeds 0 1 --budget 10 "
+        "--eval-every 10000 --eval-episodes 5 --final-episodes 10 --baseline sb3_ppo --threshold-frac 0.9 --out o")
 
 
 def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path: Path) -> None:

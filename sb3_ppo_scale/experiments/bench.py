@@ -379,11 +379,15 @@ def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
             pair = "sb3_ppo" + (f"@{variant}" if variant else "")
             if algo != "scalable_ppo" or pair not in runs:
                 continue
-            time_ratio = paired_ratios(runs[pair], ours, "train_s")
-            gap = bootstrap_ci([r["final_return"] - {q["seed"]: q["final_return"] for q in runs[pair]}[r["seed"]]
-                                for r in ours if r["seed"] in {q["seed"] for q in runs[pair]}])
-            lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time "
-                         f"{_fmt(time_ratio, 2)}x less, final return {_fmt(gap)} higher (per seed)")
+            theirs = {q["seed"]: q for q in runs[pair]}
+            matched = [r for r in ours if r["seed"] in theirs]
+            gap = bootstrap_ci([r["final_return"] - theirs[r["seed"]]["final_return"] for r in matched])
+            same = sum([p["return"] for p in r["curve"]] == [p["return"] for p in theirs[r["seed"]]["curve"]]
+                       for r in matched)
+            lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time ratio "
+                         f"(SB3 / ScalablePPO) {_fmt(paired_ratios(runs[pair], ours, 'train_s'), 2)}, CPU time ratio "
+                         f"{_fmt(paired_ratios(runs[pair], ours, 'cpu_s'), 2)}, final return {_fmt(gap)} higher (per "
+                         f"seed); evaluation returns identical on {same} of {len(matched)} seeds")
     return lines or ["- (no ScalablePPO label with its SB3 PPO pair in these results)"]
 
 
@@ -498,6 +502,21 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
     return jobs
 
 
+def command_line(command: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
+    """The command that reruns (resumably) the runs in ``results``: their tasks, labels, seeds and budget, and the
+    evaluation and report options of ``args``."""
+    def unique(key: str) -> list[Any]:
+        return sorted({r[key] for r in results}, key=lambda v: (_label_order(v, args.baseline) if key == "algo" else v))
+
+    budgets = unique("budget") or [args.budget]
+    parts = [command, "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
+             "--no-pairs", "--seeds", *map(str, unique("seed") or args.seeds), "--budget", str(budgets[0]),
+             "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes), "--final-episodes",
+             str(args.final_episodes), "--baseline", args.baseline, "--threshold-frac", f"{args.threshold_frac:g}",
+             "--out", str(args.out)]
+    return " ".join(parts) + (f" (budgets differ between runs: {budgets})" if len(budgets) > 1 else "")
+
+
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
     if args.budget < 1 or args.workers < 1:
         raise ValueError(f"budget and workers must be >= 1, got {args.budget}, {args.workers}")
@@ -510,7 +529,7 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
             print("done:", done, flush=True)
     results = [r for r in load_results(out) if r["task"] in args.tasks]
     summary = summarise(results, args.threshold_frac, args.baseline)
-    print(write_markdown(summary, out, args.threshold_frac, command).read_text())
+    print(write_markdown(summary, out, args.threshold_frac, command_line(command, args, results)).read_text())
     for path in plot_curves(results, out):
         print("plot:", path)
     return 0
