@@ -256,6 +256,15 @@ TRAIN_ARGS = ["train", "--env", "CartPole-v1", "--set", "n_envs=2", "--set", "n_
               "--eval-freq", "0", "--no-progress"]
 
 
+def sigterm_when(process: subprocess.Popen[str], condition: Any) -> tuple[str, str]:
+    """SIGTERM to ``process`` as soon as ``condition()`` holds (it must hold before the process ends); its output."""
+    while not condition():
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=300)
+
+
 def _scalar_steps(run: Path, tag: str) -> list[int]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -271,11 +280,8 @@ def test_sigterm_stops_train_with_a_checkpoint_and_resume_completes_the_run(tmp_
     command = [sys.executable, "-m", "sb3_ppo_scale", *TRAIN_ARGS, "--log-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    while not (run / "checkpoint.pt").exists():  # the first periodic checkpoint: training is under way
-        assert process.poll() is None, process.communicate()
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=300)
+    # the first periodic checkpoint: training is under way
+    out, err = sigterm_when(process, lambda: (run / "checkpoint.pt").exists())
     assert process.returncode == PREEMPTED_EXIT_CODE, err
     assert "sb3-ppo-scale train: stopped by SIGTERM at" in err
     assert "written (exit code 75); run the same command with --resume to continue" in err
@@ -327,11 +333,8 @@ def test_sigterm_fails_and_requeues_the_running_trial_and_the_study_continues(tm
     path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=1024, n_trials=2))
     journal = tmp_path / "out" / "tiny.journal"
     process = run_cli("tune", str(path))
-    while not (journal.exists() and [t for t in load_trials(path) if t.state == TrialState.RUNNING and t.params]):
-        assert process.poll() is None, process.communicate()
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=300)
+    output, _ = sigterm_when(process, lambda: journal.exists() and any(
+        t.state == TrialState.RUNNING and t.params for t in load_trials(path)))
     assert process.returncode == PREEMPTED_EXIT_CODE, output
     assert "stopped by SIGTERM: trial(s) [0] failed, re-queued [0]" in output
     trials = load_trials(path)
