@@ -385,6 +385,10 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
     if len(state["ranks"]) != world:
         raise ValueError(f"checkpoint {path} was written by {len(state['ranks'])} rank(s), this run has {world}")
     local = state["ranks"][rank]
+    saved_envs = None if local["last_episode_starts"] is None else len(local["last_episode_starts"])
+    if saved_envs is not None and env.num_envs != saved_envs:
+        raise ValueError(f"env has {env.num_envs} envs, checkpoint {path} was written with {saved_envs}: build env "
+                         "as for the checkpointed run")
     model = cls.load(io.BytesIO(state["model_zip"]), env=_prepare_env(env, local), device=device, **kwargs)
     _restore_counters(model, state["counters"])
     _restore_env(model, local)

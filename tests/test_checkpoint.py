@@ -240,6 +240,14 @@ def test_bad_arguments() -> None:
         learn_resumable(make_model("plain"), None, ResumableCheckpoint("x.pt"))
 
 
+def test_resume_on_another_number_of_envs_is_refused(tmp_path: Path) -> None:
+    model = make_model("plain")
+    model.learn(ROLLOUT)
+    path = save_checkpoint(model, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match=f"env has 3 envs, checkpoint {path} was written with {N_ENVS}"):
+        load_checkpoint(path, make_vec_env(FixedLengthEnv, n_envs=3), device="cpu")
+
+
 def test_not_a_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not found"):
         read_checkpoint(tmp_path / "missing.pt")
