@@ -10,6 +10,7 @@ uses one torch thread (``OMP_NUM_THREADS=1``). SB3's PPO (one process) runs in t
     python benchmarks/scaling.py throughput [--procs 1 2] [--repeats 3] [--timesteps 20480]
     python benchmarks/scaling.py learning [--procs 1 2] [--seeds 0 1] [--timesteps 150000] [--threshold 1500]
     python benchmarks/scaling.py profile [--procs 2]
+    python benchmarks/scaling.py collectives
     python benchmarks/scaling.py report
 
 ``throughput``: env steps/s of the whole ``learn()`` (collection + update) on rank 0, repeats alternating over the
@@ -17,6 +18,7 @@ process counts; efficiency(n) = throughput(n) / (n x throughput(1)) from the med
 its time went (collection, update, and the gradient all-reduce inside the update, which includes waiting for the
 slower rank). ``profile`` runs the largest count once more with a barrier before every gradient all-reduce, to
 split that time into waiting for the other rank (stragglers) and the all-reduce itself.
+``collectives``: the latency of one all-reduce alone (2 processes) at the two sizes the update sends per minibatch.
 ``learning``: periodic deterministic evaluations on rank 0 (5 episodes every ``--eval-freq`` steps, not counted in
 the training time); final return, and the training time until the evaluation return first reaches ``--threshold``.
 ``report``: ``benchmarks/results/scaling.md`` and ``scaling.png`` from the JSON runs in
@@ -88,6 +90,48 @@ def _worker(args: argparse.Namespace) -> None:
                       evaluations=callback.as_dicts() if callback is not None else [])
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+def _collectives_worker(args: argparse.Namespace) -> None:
+    """Latency of one gloo all-reduce of the sizes the update uses: 3 doubles (advantage moments) and the flattened
+    gradients of the entry's policy plus its 8 statistics (float32); ``--repeats`` x 200 timed calls each."""
+    import torch as th
+    import torch.distributed as dist
+
+    th.set_num_threads(1)
+    from sb3_ppo_scale import distributed as dp
+    from sb3_ppo_scale.experiments import zoo
+
+    env_id, _, variant = args.entry.partition("@")
+    config = zoo.load_config(None, env_id, variant or None, zoo.parse_overrides(args.overrides))
+    model = zoo.build_model(config, zoo.make_envs(config, n_envs=1, seed=0), seed=0, device="cpu")
+    n_params = sum(p.numel() for p in model.policy.parameters())
+    dp.init_process_group(th.device("cpu"))
+    sizes = {"advantage moments (3 float64)": th.zeros(3, dtype=th.float64),
+             f"gradients + stats ({n_params + 8} float32)": th.zeros(n_params + 8)}
+    result = {}
+    for name, tensor in sizes.items():
+        times = []
+        for _ in range(args.repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(200):
+                dist.all_reduce(tensor)
+            times.append((time.perf_counter() - start) / 200)
+        result[name] = statistics.median(times)
+    if dp.is_main_process():
+        record = dict(label=_label(args), procs=dist.get_world_size(), latency_s=result,
+                      load_average=os.getloadavg()[0])
+        Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+def _collectives(args: argparse.Namespace) -> None:
+    out = RUNS / f"collectives_{_label(args)}_2p.json"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    worker = [str(Path(__file__).resolve()), "collectives_worker", "--entry", args.entry, "--repeats",
+              str(args.repeats), "--out", str(out), *(f"--set={pair}" for pair in args.overrides)]
+    subprocess.run([*launcher, *worker], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    print(out.read_text())
 
 
 def _instrument(model: Any, barrier: bool) -> dict[str, float]:
@@ -197,21 +241,23 @@ def _throughput_table(runs: list[dict[str, Any]]) -> tuple[list[str], dict[int, 
     sb3 = statistics.median(r["steps_per_s"] for r in by_config.get(("sb3", 1), by_config[("scalable_ppo", 1)]))
     single = {r["seed"]: r["steps_per_s"] for r in by_config[("scalable_ppo", 1)]}
     lines = ["| algorithm | processes | envs/rank | batch/rank | runs | env steps/s (median) | speed-up | efficiency | "
-             "efficiency, paired | collect | update | of which grad all-reduce |",
+             "efficiency, paired | collect | update | of which grad all-reduce | all collectives |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     medians = {}
     for (algo, procs), group in sorted(by_config.items(), key=lambda kv: (kv[0][0] != "sb3", kv[0][1])):
         speed = statistics.median(r["steps_per_s"] for r in group)
         if algo == "scalable_ppo":
             medians[procs] = speed
-        efficiency = speed / (procs * base)
-        paired = statistics.median(r["steps_per_s"] / (procs * single[r["seed"]]) for r in group if r["seed"] in single)
+        efficiency = f"{speed / (procs * base):.2f}"
+        paired = f"{statistics.median(r['steps_per_s'] / (procs * single[r['seed']]) for r in group):.2f}"
+        if algo == "sb3":  # a reference row: its speed relative to ScalablePPO at 1 process, no efficiency
+            efficiency = paired = "-"
         run = group[0]
         shares = [statistics.median(_share(r, k) for r in group) for k in ("collect_s", "train_s", "allreduce_s",
                                                                          "collectives_s")]
         lines.append(f"| {'SB3 PPO' if algo == 'sb3' else 'ScalablePPO'} | {procs} | {run['n_envs_per_rank']} | "
                      f"{run['batch_size'] // procs} | {len(group)} | {speed:,.0f} | {speed / base:.2f} | "
-                     f"{efficiency:.2f} | {paired:.2f} | {shares[0]:.0%} | {shares[1]:.0%} | {shares[2]:.0%} | {shares[3]:.0%} |")
+                     f"{efficiency} | {paired} | {shares[0]:.0%} | {shares[1]:.0%} | {shares[2]:.0%} | {shares[3]:.0%} |")
     lines.append(f"\nefficiency = median steps/s at n / (n x median at 1); paired: median over repeats of the same "
                  f"ratio within a repeat (the runs of one repeat ran back to back). SB3 PPO / ScalablePPO at 1 process: "
                  f"{sb3 / base:.2f}.")
@@ -276,8 +322,9 @@ def _report(args: argparse.Namespace) -> None:
     for label in _labels(throughput):
         table, curves[label] = _throughput_table([r for r in throughput if r.get("label", r["entry"]) == label])
         lines += ["", f"## Throughput: `{label}`", "", *table]
-    lines += ["", "collect / update / grad all-reduce: rank-mean share of the learn() wall time (the all-reduce "
-              "time includes waiting for the slower rank)."]
+    lines += ["", "collect / update / grad all-reduce / all collectives: rank-mean share of the learn() wall time "
+              "(the update includes its all-reduces; an all-reduce's time includes waiting for the slower rank; all "
+              "collectives adds the advantage-moment all-reduce of every minibatch and the per-rollout ones)."]
     for record in profiles:
         lines += ["", f"## Where the time goes: `{record.get('label', record['entry'])}`, {record['procs']} processes "
                   "(a barrier before each gradient all-reduce separates waiting from the all-reduce)", "",
@@ -290,6 +337,10 @@ def _report(args: argparse.Namespace) -> None:
                          f"{r['allreduce_s'] / r['wall_s']:.0%} | {r.get('collectives_s', 0) / r['wall_s']:.0%} | "
                          f"{r['allreduces']} | "
                          f"{1000 * r['allreduce_s'] / max(r['allreduces'], 1):.2f} |")
+    for record in _load("collectives_"):
+        lines += ["", f"## One all-reduce alone: `{record['label']}`, {record['procs']} processes (load average "
+                  f"{record['load_average']:.1f} when measured)", "", "| tensor | ms per all-reduce (median) |",
+                  "|---|---|", *(f"| {name} | {1000 * t:.3f} |" for name, t in record["latency_s"].items())]
     if learning:
         lines += ["", f"## Learning: `{_labels(learning)[0]}`, {learning[0]['timesteps']:,} env steps in total at "
                   "every process count", "", *_learning_table(learning, args.threshold), "",
@@ -309,7 +360,7 @@ def _eval_spacing(runs: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("throughput", "learning", "profile", "report", "worker"):
+    for name in ("throughput", "learning", "profile", "collectives", "report", "worker", "collectives_worker"):
         p = sub.add_parser(name)
         p.add_argument("--entry", default=DEFAULT_ENTRY)
         p.add_argument("--procs", type=int, nargs="+", default=[1, 2] if name != "profile" else [2])
@@ -327,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
                        help="override a hyperparameter of the entry (n_envs is the total over all processes)")
     args = parser.parse_args(argv)
     {"worker": _worker, "throughput": _throughput, "learning": _learning, "profile": _profile,
-     "report": _report}[args.command](args)
+     "collectives": _collectives, "collectives_worker": _collectives_worker, "report": _report}[args.command](args)
 
 
 if __name__ == "__main__":
