@@ -1,7 +1,8 @@
 """Every script in examples/ runs in CI: as a subprocess in smoke mode (``SB3_PPO_SCALE_SMOKE=1``, a few seconds).
 
 The test finds the scripts itself, so a new example is covered without editing this file. The contract an example
-keeps (docs/examples.md): under ``SB3_PPO_SCALE_SMOKE=1`` it trains a tiny budget, exits with status 0, and its last
+keeps (docs/examples.md): under ``SB3_PPO_SCALE_SMOKE=1`` it trains a tiny budget, exits with status 0, writes
+nothing into its working directory (temporary folders only; MuJoCo's own MUJOCO_LOG.TXT excepted), and its last
 line of standard output reports a finite number (a return, a difference, ...). Per-script checks below go further
 where the printed value has a known range.
 """
@@ -22,12 +23,14 @@ SCRIPTS = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 #: Generous: a script is killed (and the test fails) after this many seconds; the smoke budgets take a few.
 TIMEOUT_S = 300
+#: Files an example may leave in its working directory: MuJoCo logs its warnings there (ignored by .gitignore).
+ALLOWED_LEFTOVERS = {"MUJOCO_LOG.TXT"}
 
 
-def run_smoke(script: Path) -> subprocess.CompletedProcess[str]:
+def run_smoke(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SB3_PPO_SCALE_SMOKE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(script)], cwd=EXAMPLES.parent, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+    return subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
 
 
 def last_number(stdout: str) -> float:
@@ -54,10 +57,12 @@ def test_examples_found() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
-def test_example_runs_in_smoke_mode(script: Path) -> None:
-    result = run_smoke(script)
+def test_example_runs_in_smoke_mode(script: Path, tmp_path: Path) -> None:
+    result = run_smoke(script, cwd=tmp_path)
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
+    leftovers = {p.name for p in tmp_path.iterdir()} - ALLOWED_LEFTOVERS
+    assert not leftovers, f"{script.name} wrote {sorted(leftovers)} into its working directory"
     value = last_number(result.stdout)
     assert math.isfinite(value)
     check = SPECIFIC_CHECKS.get(script.name)
