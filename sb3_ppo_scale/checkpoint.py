@@ -51,6 +51,7 @@ from stable_baselines3.common.logger import (
     CSVOutputFormat,
     HumanOutputFormat,
     JSONOutputFormat,
+    Logger,
     TensorBoardOutputFormat,
     configure,
 )
@@ -90,10 +91,11 @@ class TrainingPreempted(SystemExit):
 
 # ------------------------------------------------------------------------------------------------ distributed
 def _rank_and_world() -> tuple[int, int]:
-    """This process's data-parallel rank and the world size (0, 1 without an initialised torch.distributed)."""
+    """This process's data-parallel rank and the world size (0, 1 in a single process)."""
     if th.distributed.is_available() and th.distributed.is_initialized():
         return th.distributed.get_rank(), th.distributed.get_world_size()
-    return 0, 1
+    # under torchrun before learn() initialises the group (e.g. while loading a checkpoint): torchrun's variables
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _gather(local: Any) -> list[Any]:
@@ -101,6 +103,8 @@ def _gather(local: Any) -> list[Any]:
     rank, world = _rank_and_world()
     if world == 1:
         return [local]
+    if not th.distributed.is_initialized():
+        raise RuntimeError("a checkpoint of a data-parallel run is written inside learn() (the process group exists)")
     gathered: list[Any] = [None] * world
     th.distributed.all_gather_object(gathered, local)
     return gathered
@@ -535,7 +539,10 @@ def _reapply_resume(model: BaseAlgorithm) -> None:
 # ------------------------------------------------------------------------------------------------ learn
 def _continue_logger(model: BaseAlgorithm, entry: dict[str, Any]) -> None:
     """The checkpointed run's logger: same TensorBoard folder (events after the checkpoint's step purged), its
-    pending values restored."""
+    pending values restored; silent on data-parallel ranks other than 0."""
+    if _rank_and_world()[0] != 0:  # data-parallel: rank 0 alone logs (a writer here would purge rank 0's events)
+        model.set_logger(Logger(folder=None, output_formats=[]))
+        return
     saved = entry["state"]["logger"]
     folder = saved["tensorboard_dir"]
     logger = configure(folder, [name for name in saved["formats"] if name != "log" or folder] or [""])

@@ -209,6 +209,26 @@ def test_resume_from_an_older_checkpoint_drops_the_later_tensorboard_events(tmp_
     assert [e.step for e in events.Scalars("train/loss")] == list(range(2 * ROLLOUT, TOTAL + 1, ROLLOUT))
 
 
+def test_only_rank_0_writes_tensorboard_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun (RANK=1 before learn() builds the group) a resumed rank other than 0 gets a silent logger:
+    a TensorBoard writer there would add a purge event that hides rank 0's resumed curves."""
+    import sb3_ppo_scale.checkpoint as checkpoint_module
+
+    model = ScalablePPO("MlpPolicy", make_env(), n_steps=N_STEPS, batch_size=32, n_epochs=1, seed=0, device="cpu",
+                        tensorboard_log=str(tmp_path / "tb"), policy_kwargs={"net_arch": [8]})
+    model.learn(ROLLOUT, tb_log_name="run")
+    path = save_checkpoint(model, tmp_path / "checkpoint.pt")
+    resumed = load_checkpoint(path, make_env(), device="cpu")
+    entry = checkpoint_module._RESUMED[resumed]
+    monkeypatch.setenv("RANK", "1")
+    checkpoint_module._continue_logger(resumed, entry)
+    assert resumed.logger.output_formats == []
+    monkeypatch.setenv("RANK", "0")
+    checkpoint_module._continue_logger(resumed, entry)
+    assert [type(f).__name__ for f in resumed.logger.output_formats] == ["TensorBoardOutputFormat"]
+    assert resumed.logger.get_dir() == str(tmp_path / "tb" / "run_1")
+
+
 def test_write_is_atomic_and_non_finite_parameters_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_model("plain")
     model.learn(ROLLOUT)
