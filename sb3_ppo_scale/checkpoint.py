@@ -403,7 +403,7 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
     restarted = _restarted_envs(model, local)
     if restarted:
         notes.append(f"{restarted} env(s) restart their episode (mid-episode at the checkpoint, or a random reset)")
-    _RESUMED[model] = {"state": state, "local": local, "notes": notes, "path": Path(path)}
+    _RESUMED[model] = {"state": state, "local": local, "notes": notes, "path": Path(path), "last_obs": model._last_obs}
     return model
 
 
@@ -527,11 +527,14 @@ class ResumableCheckpoint(BaseCallback):
 
 def _reapply_resume(model: BaseAlgorithm) -> None:
     """At the first rollout after :func:`load_checkpoint`: the RNG states and gSDE noise as they were at the
-    checkpoint's boundary (whatever ran in between, e.g. SB3 resampling gSDE noise, is undone)."""
+    checkpoint's boundary, whatever ran in between (SB3 resamples gSDE noise; a data-parallel rank > 0 is reseeded
+    and may reset its envs when learn() starts: then the envs are reset and restored again)."""
     entry = _RESUMED.get(model)
     if entry is None or entry.get("reapplied"):
         return
     entry["reapplied"] = True
+    if model._last_obs is not entry["last_obs"]:  # learn() reset the envs after load_checkpoint
+        _restore_env(model, entry["local"])
     _restore_sde_noise(model, entry["local"]["sde_noise"])
     _set_rng_state(entry["local"]["rng"])
 
