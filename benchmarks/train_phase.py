@@ -12,6 +12,13 @@ peak above its first sample), for batch 65 536 with grad_accum_steps 16 against
 batch 4 096 without accumulation.
 
     python benchmarks/train_phase.py [--device cpu|cuda] [--repeats 3] [--out benchmarks/results]
+
+``--guard-cost`` instead measures what the non-finite guard (sb3_ppo_scale.core.guard) costs: ScalablePPO as built
+(guarded) against the same model with :class:`UnguardedGuard` patched in (``optimizer.step()`` always, no finiteness
+check, no host sync; the guard has no off switch, this patch exists only here), with SB3 PPO alongside, on a
+HalfCheetah-shaped rollout of 16 384 samples (``GUARD_ROLLOUT``) at batch 64 and 4 096 (``GUARD_BATCHES``); it writes ``guard_cost_<device>.md``.
+
+    python benchmarks/train_phase.py --guard-cost [--device cpu] [--repeats 21] [--threads 1]
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +37,7 @@ from stable_baselines3 import PPO
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine_line, median, refill, sync, synthetic_model, timed_train  # noqa: E402
 from sb3_ppo_scale import ScalablePPO  # noqa: E402
+from sb3_ppo_scale.core.guard import NonFiniteGuard  # noqa: E402
 
 #: untimed train() calls per model first (steady state: ScalablePPO(cuda_graphs=True) captures its graph once
 #: nothing changes between calls, at the latest in the third call)
@@ -72,6 +82,136 @@ def throughput_rows(shape: str, device: str, repeats: int, graphs: bool = True, 
             f"{name} {value:12,.0f} ({value / rate['PPO']:.2f}x)" for name, value in rate.items()), flush=True)
         del models
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ guard cost
+#: batch sizes of the guard-cost measurement (the issue's acceptance: <= 3 % at 64 and 4 096 on the CPU)
+GUARD_BATCHES = [64, 4096]
+#: (n_envs, n_steps) of its HalfCheetah-shaped rollout: N = 16 384, 256 minibatches of 64 per call
+GUARD_ROLLOUT = (16, 1024)
+
+
+class UnguardedGuard(NonFiniteGuard):
+    """The update without the non-finite guard, for this benchmark only: ``optimizer.step()`` every time."""
+
+    def step(self, optimizer: th.optim.Optimizer, parameters: list, grad_norm: th.Tensor, stats: th.Tensor) -> None:
+        optimizer.step()
+
+
+def cpu_timed_train(model: PPO) -> float:
+    """Process CPU seconds of one ``train()`` on a fresh rollout: on a shared machine, time spent waiting for a
+    core is not counted (one torch thread: CPU time is the work done)."""
+    refill(model)
+    start = time.process_time()
+    model.train()
+    return time.process_time() - start
+
+
+def guard_check_seconds(repeats: int = 7, calls: int = 20_000) -> float:
+    """CPU seconds of the guard's added work per logical minibatch in isolation: ``isfinite`` of the gradient norm
+    and of the statistics, their ``&``, and the host read of the flag (best of ``repeats`` loops of ``calls``)."""
+    grad_norm, stats = th.tensor(0.5), th.zeros(6)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        for _ in range(calls):
+            bool(th.isfinite(grad_norm) & th.isfinite(stats).all())
+        best = min(best, (time.process_time() - start) / calls)
+    return best
+
+
+def same_order(seed: int) -> None:
+    """Seed NumPy (SB3's minibatch order) and torch, outside the timing, so every model trains on the same order."""
+    np.random.seed(seed)
+    th.manual_seed(seed)
+
+
+def guard_cost_rows(device: str, repeats: int) -> list[dict]:
+    """Per batch: samples per CPU second of PPO and of one ScalablePPO timed with its own guard and with
+    :class:`UnguardedGuard` swapped in (the same model, parameters and optimizer memory: only the guard differs),
+    medians over rotated rounds; the paired per-round ratio; and whether a guarded and an unguarded model trained on
+    the same data and order end with identical parameters (they must: all values are finite)."""
+    (n_envs, n_steps), n_epochs = GUARD_ROLLOUT, 1
+    n_samples = n_envs * n_steps
+    rows = []
+    for batch in GUARD_BATCHES:
+        def build(cls: type[PPO]) -> PPO:
+            return synthetic_model(cls, "halfcheetah", n_envs, n_steps, device, batch_size=batch, n_epochs=n_epochs)
+
+        model, ppo = build(ScalablePPO), build(PPO)
+        guards = {"guarded": model._guard, "unguarded": UnguardedGuard(model.nonfinite, model.device)}
+        timed = {"PPO": (ppo, None), "guarded": (model, guards["guarded"]), "unguarded": (model, guards["unguarded"])}
+
+        def run(name: str, seed: int) -> float:
+            target, guard = timed[name]
+            if guard is not None:
+                target._guard = guard
+            same_order(seed)
+            return cpu_timed_train(target)
+
+        for call in range(WARMUP_CALLS):
+            for name in timed:
+                run(name, call)
+        seconds: dict[str, list[float]] = {name: [] for name in timed}
+        for round_ in range(repeats):
+            # PPO between the two timings of the one ScalablePPO, so that neither runs right after the other
+            # (a model's second call in a row finds its memory in the caches); who goes first alternates
+            first, second = ("guarded", "unguarded") if round_ % 2 == 0 else ("unguarded", "guarded")
+            for name in (first, "PPO", second, "PPO"):
+                seconds[name].append(run(name, WARMUP_CALLS + round_))
+        rate = {name: n_epochs * n_samples / median(s) for name, s in seconds.items()}
+        paired = median([u / g for u, g in zip(seconds["unguarded"], seconds["guarded"])])
+        per_minibatch = median(seconds["unguarded"]) / (n_epochs * -(-n_samples // batch))
+        rows.append(dict(batch=batch, rate=rate, paired=paired, identical=_guard_keeps_parameters(build),
+                         per_minibatch=per_minibatch, check=guard_check_seconds()))
+        print(f"guard cost batch {batch:5d}: PPO {rate['PPO']:10,.0f}  guarded {rate['guarded']:10,.0f}  unguarded "
+              f"{rate['unguarded']:10,.0f}  guarded/unguarded {rate['guarded'] / rate['unguarded']:.4f} (paired "
+              f"{paired:.4f}), identical parameters {rows[-1]['identical']}; isolated check "
+              f"{rows[-1]['check'] * 1e6:.1f} us = {rows[-1]['check'] / per_minibatch:.2%} of an unguarded minibatch",
+              flush=True)
+    return rows
+
+
+def _guard_keeps_parameters(build: Callable[[type[PPO]], PPO], calls: int = 2) -> bool:
+    """A guarded and an unguarded ScalablePPO, same data and minibatch order: identical parameters afterwards."""
+    guarded, unguarded = build(ScalablePPO), build(ScalablePPO)
+    unguarded._guard = UnguardedGuard(unguarded.nonfinite, unguarded.device)
+    for call in range(calls):
+        for model in (guarded, unguarded):
+            same_order(call)
+            cpu_timed_train(model)
+    return all(th.equal(a, b) for a, b in zip(guarded.policy.parameters(), unguarded.policy.parameters()))
+
+
+def render_guard_cost(device: str, repeats: int, threads: int, rows: list[dict]) -> str:
+    (n_envs, n_steps), n_epochs = GUARD_ROLLOUT, 1
+    lines = [f"# Non-finite guard cost in train(), {device}", "",
+             f"Produced by `python benchmarks/train_phase.py --guard-cost --device {device} --repeats {repeats} "
+             f"--threads {threads}` on {datetime.date.today()}; {machine_line(device)}. Measured on a shared, busy "
+             "machine (other jobs running): differences of a few percent are within its noise.", "",
+             f"HalfCheetah-shaped synthetic rollout (N = {n_envs * n_steps:,}, n_epochs = {n_epochs}), samples per "
+             "CPU second of `train()` (process time, one torch thread: on a shared machine the time spent waiting for "
+             f"a core is not counted), medians over {repeats} rounds (guarded, PPO, unguarded, PPO, the first two "
+             f"swapped every other round: the ScalablePPO never runs twice in a row) after {WARMUP_CALLS} untimed "
+             "calls each. *guarded*: ScalablePPO as built (`nonfinite='skip'`: per "
+             "logical minibatch one `isfinite` over the gradient norm and the loss statistics and one host read of "
+             "the flag). *unguarded*: the same model object with `UnguardedGuard` swapped in for its call by this "
+             "benchmark (`optimizer.step()` always; the same parameters and optimizer memory, only the guard differs). "
+             "Cost = 1 - guarded/unguarded; *paired* is the median over rounds of t(unguarded)/t(guarded) within a "
+             "round. *identical parameters*: a guarded and an unguarded model trained twice on the same data and "
+             "minibatch order end with equal parameters (no value is non-finite here). *isolated check*: the guard's added work alone "
+             "(two `isfinite`, an `&` and the host read of the flag), best of 7 loops of 20 000, as a share of the "
+             "unguarded CPU time per minibatch: the cost without the machine's noise.", "",
+             "| batch | SB3 PPO samples/CPU-s | unguarded samples/CPU-s | guarded samples/CPU-s | guarded / unguarded | cost | "
+             "paired ratio | identical parameters | isolated check | share of a minibatch |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for r in rows:
+        ratio = r["rate"]["guarded"] / r["rate"]["unguarded"]
+        lines.append(f"| {r['batch']:,} | {r['rate']['PPO']:,.0f} | {r['rate']['unguarded']:,.0f} | "
+                     f"{r['rate']['guarded']:,.0f} | {ratio:.3f} | {100 * (1 - ratio):+.1f} % | {r['paired']:.3f} | "
+                     f"{'yes' if r['identical'] else 'NO'} | {r['check'] * 1e6:.1f} us | "
+                     f"{r['check'] / r['per_minibatch']:.2%} |")
+    return "\n".join(lines) + "\n"
 
 
 def peak_train_memory(model: PPO, device: str) -> int:
@@ -154,7 +294,17 @@ def main() -> None:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also time ScalablePPO(compile_loss=True) (default: on the CPU only)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--guard-cost", action="store_true", help="only measure the non-finite guard's cost")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; 1 with --guard-cost)")
     args = parser.parse_args()
+    if args.threads is not None or args.guard_cost:
+        th.set_num_threads(args.threads or 1)
+    if args.guard_cost:
+        out = Path(args.out) / f"guard_cost_{args.device.split(':')[0]}.md"
+        out.write_text(render_guard_cost(args.device, args.repeats, th.get_num_threads(),
+                                         guard_cost_rows(args.device, args.repeats)))
+        print(f"wrote {out}")
+        return
     tables = {shape: throughput_rows(shape, args.device, args.repeats, args.graphs, args.compile) for shape in args.shapes}
     memory = memory_rows(args.device, args.graphs)
     out = Path(args.out) / f"train_phase_{args.device.split(':')[0]}.md"
