@@ -84,7 +84,8 @@ def _worker(args: argparse.Namespace) -> None:
         ranks = [None] * world
         dist.all_gather_object(ranks, profile)
     if dp.is_main_process():
-        record = dict(entry=args.entry, overrides=args.overrides, label=_label(args), algo=args.algo, procs=world, seed=args.seed, timesteps=model.num_timesteps,
+        record = dict(entry=args.entry, overrides=args.overrides, label=_label(args), algo=args.algo, procs=world,
+                      seed=args.seed, timesteps=model.num_timesteps,
                       wall_s=wall, steps_per_s=model.num_timesteps / wall, ranks=ranks, split_wait=args.split_wait,
                       n_envs_per_rank=config.n_envs, batch_size=config.model_kwargs.get("batch_size"),
                       evaluations=callback.as_dicts() if callback is not None else [])
@@ -257,10 +258,11 @@ def _throughput_table(runs: list[dict[str, Any]]) -> tuple[list[str], dict[int, 
                                                                          "collectives_s")]
         lines.append(f"| {'SB3 PPO' if algo == 'sb3' else 'ScalablePPO'} | {procs} | {run['n_envs_per_rank']} | "
                      f"{run['batch_size'] // procs} | {len(group)} | {speed:,.0f} | {speed / base:.2f} | "
-                     f"{efficiency} | {paired} | {shares[0]:.0%} | {shares[1]:.0%} | {shares[2]:.0%} | {shares[3]:.0%} |")
+                     f"{efficiency} | {paired} | "
+                     + " | ".join(f"{share:.0%}" for share in shares) + " |")
     lines.append(f"\nefficiency = median steps/s at n / (n x median at 1); paired: median over repeats of the same "
-                 f"ratio within a repeat (the runs of one repeat ran back to back). SB3 PPO / ScalablePPO at 1 process: "
-                 f"{sb3 / base:.2f}.")
+                 f"ratio within a repeat (the runs of one repeat ran back to back). SB3 PPO / ScalablePPO at 1 "
+                 f"process: {sb3 / base:.2f}.")
     return lines, medians
 
 

@@ -212,7 +212,11 @@ def _learn_worker(rank: int, out: Path) -> dict[str, Any]:
     cartpole = ScalablePPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=2, seed=0, device="cpu",
                            grad_accum_steps=2)
     all_reduce, calls = dp.dist.all_reduce, []
-    dp.dist.all_reduce = lambda tensor, *args, **kwargs: calls.append(tensor.numel()) or all_reduce(tensor, *args, **kwargs)
+    def counting(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return all_reduce(tensor, *args, **kwargs)
+
+    dp.dist.all_reduce = counting
     try:
         cartpole.learn(1024)
     finally:
@@ -226,6 +230,11 @@ def _learn_worker(rank: int, out: Path) -> dict[str, Any]:
                                n_parameters=sum(p.numel() for p in cartpole.policy.parameters()))
     if rank == 0:
         cartpole.save(out / "cartpole.zip")
+    dist.barrier()
+    resumed = ScalablePPO.load(out / "cartpole.zip", env=env, device="cpu")  # every rank, rank 0's file
+    resumed.learn(512, reset_num_timesteps=False)
+    dp.assert_parameters_in_sync(resumed)
+    results["resumed"] = dict(timesteps=resumed.num_timesteps, params=_state(resumed))
     return results
 
 
@@ -273,6 +282,14 @@ def test_ranks_collect_with_their_own_seeds_and_merge_vecnormalize(learned) -> N
     assert ranks[0]["obs_rms"][2] == pytest.approx(1e-4 + 1024 + WORLD * 2)
     assert ranks[0]["ret_rms"][2] == pytest.approx(1e-4 + 1024)
     assert ranks[1]["outputs"] == 0  # rank 1 logs nothing
+
+
+def test_every_rank_resumes_from_rank_0_checkpoint(learned) -> None:
+    ranks = [r["resumed"] for r in learned[0]]
+    assert ranks[0]["timesteps"] == ranks[1]["timesteps"] == 1024 + 512
+    for key, value in ranks[0]["params"].items():
+        assert th.equal(value, ranks[1]["params"][key])
+        assert not th.equal(value, learned[0][0]["cartpole"]["params"][key])
 
 
 def test_checkpoint_saved_by_rank_0_loads_in_a_single_process(learned) -> None:
@@ -363,4 +380,5 @@ def test_cli_train_under_torchrun(tmp_path) -> None:
     model = ScalablePPO.load(run / "model.zip", device="cpu")
     assert model.num_timesteps == 2048  # both ranks' steps
     assert (run / "final_eval.json").is_file() and (run / "evaluations.npz").is_file()
-    assert sorted(p.name for p in (run / "monitor").iterdir()) == [f"{i}.monitor.csv" for i in range(8)]  # rank 0's 8 envs only
+    monitors = sorted(p.name for p in (run / "monitor").iterdir())
+    assert monitors == [f"{i}.monitor.csv" for i in range(8)]  # rank 0's 8 envs only
