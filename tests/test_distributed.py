@@ -39,7 +39,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppo_scale import ScalablePPO
+from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale import distributed as dp
 
 WORLD = 2
@@ -208,6 +208,13 @@ def _learn_worker(rank: int, out: Path) -> dict[str, Any]:
     pendulum.learn(512)
     results["pendulum"] = dict(params=_state(pendulum), timesteps=pendulum.num_timesteps,
                                grad_steps=pendulum._n_grad_steps, beta=pendulum.kl_beta)
+    prioritized = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, batch_size=64, n_epochs=2, seed=3, device="cpu",
+                              rollout_buffer_class=PrioritizedRolloutBuffer,
+                              rollout_buffer_kwargs=dict(capacity=128, high_fraction=0.5))
+    prioritized.learn(512)
+    results["prioritized"] = dict(params=_state(prioritized), timesteps=prioritized.num_timesteps,
+                                  grad_steps=prioritized._n_grad_steps,
+                                  retained=prioritized.rollout_buffer.n_retained)
     env = VecNormalize(make_vec_env("CartPole-v1", n_envs=2))
     cartpole = ScalablePPO("MlpPolicy", env, n_steps=64, batch_size=64, n_epochs=2, seed=0, device="cpu",
                            grad_accum_steps=2)
@@ -269,6 +276,17 @@ def test_one_all_reduce_carries_a_minibatch_gradients_and_statistics(learned) ->
     gradient_collectives = [n for n in sizes if n > rank["n_parameters"]]
     assert len(gradient_collectives) == minibatches
     assert len(set(gradient_collectives)) == 1  # the flattened gradients + the stats vector, every time
+
+
+def test_prioritized_buffer_works_per_rank(learned) -> None:
+    """Each rank keeps its own retained pool and draws its own order; the update stays one global step."""
+    ranks = [r["prioritized"] for r in learned[0]]
+    for key, value in ranks[0]["params"].items():
+        assert th.equal(value, ranks[1]["params"][key])
+    assert ranks[0]["timesteps"] == ranks[1]["timesteps"] == 512
+    assert ranks[0]["retained"] == ranks[1]["retained"] > 0  # earlier samples kept by each rank's pool
+    # rollouts 2..4 train on 64 current + retained samples per rank: more minibatches than the first one
+    assert ranks[0]["grad_steps"] == ranks[1]["grad_steps"] > 4 * 2 * 2
 
 
 def test_ranks_collect_with_their_own_seeds_and_merge_vecnormalize(learned) -> None:
