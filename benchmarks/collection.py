@@ -50,11 +50,15 @@ KINDS = ("dummy", "subproc", "envpool", "envpool_overlap")
 
 
 # --------------------------------------------------------------------------------------------------- helpers
+_LOAD_AT_START = os.getloadavg()
+
+
 def machine_line() -> str:
-    load = os.getloadavg()
+    start, end = _LOAD_AT_START, os.getloadavg()
     return (
         f"torch {th.__version__}, torch threads {th.get_num_threads()}, {platform.machine()} {os.cpu_count()} cores, "
-        f"python {platform.python_version()}, load average at the start {load[0]:.2f} / {load[1]:.2f} (1 / 5 min)"
+        f"python {platform.python_version()}, load average (1 min) {start[0]:.1f} at the start and {end[0]:.1f} at the "
+        "end (a shared box: other jobs ran alongside when it is above ~2)"
     )
 
 
