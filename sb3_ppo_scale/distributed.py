@@ -77,6 +77,13 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def world_size() -> int:
+    """How many data-parallel ranks train together: the process group's size, else torchrun's ``WORLD_SIZE``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return torchrun_world_size()
+
+
 def is_distributed() -> bool:
     """True when this process is one of several data-parallel ranks (a process group of size > 1 exists, or
     torchrun's environment says ``WORLD_SIZE > 1``)."""

@@ -99,3 +99,12 @@ def test_bad_compile_loss_at_load_is_a_clear_error(tmp_path) -> None:
     build().save(tmp_path / "model.zip")
     with pytest.raises(ValueError, match=r"compile_loss must be True or False, got 'yes'"):
         ScalablePPO.load(tmp_path / "model.zip", compile_loss="yes")
+
+
+def test_rollout_size_counts_every_data_parallel_rank() -> None:
+    """Under torchrun the global minibatch may be as large as all ranks' rollouts together."""
+    from sb3_ppo_scale.core.checks import check_rollout_size
+
+    check_rollout_size(128, 64, 1, world_size=2)
+    with pytest.raises(ValueError, match=r"batch_size must be between 1 and n_steps \* n_envs \* world_size = 64 \* 1 \* 2 ranks = 128"):
+        check_rollout_size(129, 64, 1, world_size=2)

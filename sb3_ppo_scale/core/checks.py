@@ -36,13 +36,15 @@ def check_batching(batch_size: object, grad_accum_steps: object, normalize_advan
         )
 
 
-def check_rollout_size(batch_size: int, n_steps: int, n_envs: int) -> None:
-    """A minibatch may be as large as the whole rollout (``n_steps * n_envs``), not larger."""
-    rollout_size = n_steps * n_envs
+def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: int = 1) -> None:
+    """A minibatch may be as large as the whole rollout (``n_steps * n_envs``, of all ``world_size`` data-parallel
+    ranks together), not larger."""
+    rollout_size = n_steps * n_envs * world_size
     if batch_size > rollout_size:
+        ranks = "" if world_size == 1 else f" * {world_size} ranks"
         raise ValueError(
-            f"batch_size must be between 1 and n_steps * n_envs = {n_steps} * {n_envs} = {rollout_size} "
-            f"(the whole rollout), got {batch_size}"
+            f"batch_size must be between 1 and n_steps * n_envs{' * world_size' if world_size > 1 else ''} = "
+            f"{n_steps} * {n_envs}{ranks} = {rollout_size} (the whole rollout), got {batch_size}"
         )
 
 

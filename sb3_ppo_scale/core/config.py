@@ -65,10 +65,11 @@ class ScaleConfig:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_MODES))}, got {self.nonfinite!r}")
         return resolve_buffer_device(self.buffer_device, policy_device)
 
-    def check_runtime(self, model: Any, buffer_device: th.device) -> None:
-        """What needs the machine and the envs: rollout size, CUDA for graphs, a compiler for ``compile_loss``."""
+    def check_runtime(self, model: Any, buffer_device: th.device, world_size: int = 1) -> None:
+        """What needs the machine and the envs: rollout size (of all ``world_size`` data-parallel ranks), CUDA for
+        graphs, a compiler for ``compile_loss``."""
         if model.env is not None:
-            check_rollout_size(model.batch_size, model.n_steps, model.n_envs)
+            check_rollout_size(model.batch_size, model.n_steps, model.n_envs, world_size)
         check_cuda_graphs(self.cuda_graphs, model.device, buffer_device, model.policy.optimizer)
         check_compile_toolchain(self.compile_loss, model.device)
 

@@ -110,7 +110,7 @@ class ScalablePPO(PPO):
         self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
         if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning
-            self._config.check_runtime(self, self._buffer_device)
+            self._config.check_runtime(self, self._buffer_device, data_parallel.world_size())
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
@@ -148,7 +148,7 @@ class ScalablePPO(PPO):
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
         self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)
         # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
-        self._config.check_runtime(self, self._buffer_device)
+        self._config.check_runtime(self, self._buffer_device, self._reducer.world_size)
         if self.rollout_buffer is None:
             self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
                 self.n_steps,
