@@ -72,7 +72,17 @@ def test_plain_entries_are_the_zoo_ppo_values() -> None:
                 assert ours[key] == value, (entry, key)
 
 
-@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES))
+@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if e.endswith("_envpool")))
+def test_envpool_variants_are_copies_of_tested_variants(entry: str) -> None:
+    """An ``@..._envpool`` entry is another variant of the same task with ``vec_env: envpool`` added, nothing else."""
+    task = entry.split("@")[0]
+    without = {key: value for key, value in ENTRIES[entry].items() if key != "vec_env"}
+    twins = [e for e in ENTRIES if e.split("@")[0] == task and e != entry and ENTRIES[e] == without]
+    assert ENTRIES[entry]["vec_env"] == "envpool" and (twins or task == "atari"), entry
+
+
+@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES
+                                         and not e.endswith("_envpool")))
 def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
     plain = ENTRIES[entry.split("@")[0]]
     variant = ENTRIES[entry]
