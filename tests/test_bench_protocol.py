@@ -74,6 +74,9 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
             "2.00 [2.00, 2.00], CPU time ratio 2.00 [2.00, 2.00], final return 11 [10, 12] higher (per seed); "
             "evaluation returns identical on 0 of 2 seeds") in text  # the plugin's effect
     assert "| 1000 [1000, 1000] | 2.0 [2.0, 2.0] |" in text  # episode length and forward distance columns
+    assert "| 900 | 10 [10, 10] | 8.0 [8.0, 8.0] | 6.0 [6.0, 6.0] |" in text  # sb3_ppo@cpu: 0.9 x sb3_ppo's 1000
+    summary = bench.summarise(bench.load_results(tmp_path), 1.2)  # above the baseline's own return (1000)
+    assert "| 1200 | reached on 0 of 2 seeds | reached on 0 of 2 seeds |" in "\n".join(bench._table(summary))
     args = bench.build_parser().parse_args(["--tasks", "T", "--out", "o", "--report-only"])
     assert bench.command_line("cmd", args, bench.load_results(tmp_path)) == (
         "cmd --tasks T --algos sb3_ppo sb3_ppo@cpu scalable_ppo@cpu --no-pairs --seeds 0 1 --budget 10 "

@@ -286,6 +286,7 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
                 "cpu_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "cpu_s") for r in algo_runs]),
                 "steps_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "steps")
                                                     for r in algo_runs]),
+                "reached": sum(np.isfinite(time_to_threshold(r["curve"], threshold)) for r in algo_runs),
                 "train_s": bootstrap_ci([r["train_s"] for r in algo_runs]),
                 "cpu_s": bootstrap_ci([r["cpu_s"] for r in algo_runs]),
                 "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
@@ -326,6 +327,9 @@ def _threshold_cells(threshold: float, stats: dict[str, Any]) -> str:
     """The threshold, steps-, s- and CPU-s-to-threshold cells; n/a without a baseline run or a floor."""
     if np.isnan(threshold):
         return "n/a (no baseline runs) | n/a | n/a | n/a"
+    if stats["reached"] < len(stats["seeds"]):
+        missed = f"reached on {stats['reached']} of {len(stats['seeds'])} seeds"
+        return f"{threshold:.0f} | {missed} | {missed} | {missed}"
     return (f"{threshold:.0f} | {_fmt(stats['steps_to_threshold'])} | {_fmt(stats['time_to_threshold'], 1)} | "
             f"{_fmt(stats['cpu_to_threshold'], 1)}")
 
