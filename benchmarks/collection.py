@@ -7,6 +7,7 @@ benchmarks/results/:
               HalfCheetah-v5, CnnPolicy for Pong-v5), at 1/4/16/64 envs, for DummyVecEnv, SubprocVecEnv, the
               EnvPool VecEnv and the overlapped EnvPool collector (:mod:`sb3_ppo_scale.envs.overlap`); medians over
               alternating repeats, ratios to SB3's best VecEnv at that size.
+``ceiling``   EnvPool's own stepping rate at 64 envs without a policy (what any collector can reach).
 ``learn``     ``learn()`` steps/s end to end at the same config: SB3 PPO + its best VecEnv against ScalablePPO +
               EnvPool (plain and overlapped), with a profile splitting the time into env stepping, inference,
               bookkeeping and the update.
@@ -14,7 +15,7 @@ benchmarks/results/:
               (HalfCheetah-v5@cpu_linear hyperparameters): final training return and deterministic evaluation on the
               Gymnasium env.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/collection.py collect|learn|learning [options]``.
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/collection.py collect|ceiling|learn|learning [options]``.
 """
 
 from __future__ import annotations
@@ -188,6 +189,32 @@ def plot_collect(args: argparse.Namespace, rows: dict[tuple[str, int], dict[str,
     fig.suptitle(f"1 torch thread, {os.cpu_count()} cores, load average {load[0]:.1f} (1 min) at the end", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+# ------------------------------------------------------------------------------------------------ ceiling
+def bench_ceiling(args: argparse.Namespace) -> None:
+    """EnvPool's own stepping rate (no policy, zero actions, sync steps of all envs) per EnvPool thread count."""
+    from sb3_ppo_scale.envs.tasks import import_envpool
+
+    envpool = import_envpool()
+    lines = header("EnvPool's stepping ceiling (no policy)", sys.argv[1:])
+    lines += [f"`envpool.make(task, num_envs={args.n_envs}, num_threads=T).step(zeros)` for {args.steps} steps, median "
+              f"of {args.repeats} repeats: the most any collector can get from EnvPool on this box.", "",
+              "| task | EnvPool threads | steps/s |", "|---|---:|---:|"]
+    for task in args.tasks:
+        for threads in args.threads:
+            pool = envpool.make(task, env_type="gymnasium", num_envs=args.n_envs, seed=0, num_threads=threads)
+            pool.reset()
+            actions = np.zeros((args.n_envs, *pool.action_space.shape), pool.action_space.dtype)
+            rates = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    pool.step(actions)
+                rates.append(args.steps * args.n_envs / (time.perf_counter() - start))
+            lines.append(f"| {task} | {threads or 'default'} | {statistics.median(rates):,.0f} |")
+            print(lines[-1], flush=True)
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ learn()
@@ -403,6 +430,13 @@ def main(argv: list[str] | None = None) -> None:
     collect.add_argument("--repeats", type=int, default=5)
     collect.add_argument("--max-subproc", type=int, default=16, help="skip SubprocVecEnv above this many envs")
     collect.add_argument("--name", default="collection")
+    ceiling = sub.add_parser("ceiling")
+    ceiling.add_argument("--tasks", nargs="+", default=["HalfCheetah-v5", "Pong-v5"])
+    ceiling.add_argument("--n-envs", type=int, default=64)
+    ceiling.add_argument("--threads", nargs="+", type=int, default=[0, 1, 2], help="0: EnvPool's default")
+    ceiling.add_argument("--steps", type=int, default=300)
+    ceiling.add_argument("--repeats", type=int, default=3)
+    ceiling.add_argument("--name", default="collection_ceiling")
     learn = sub.add_parser("learn")
     learn.add_argument("--env", default="HalfCheetah-v5", choices=["HalfCheetah-v5", "Pong-v5"])
     learn.add_argument("--variant", default="gpu", help="config variant; 'plain' for the entry itself")
@@ -418,7 +452,7 @@ def main(argv: list[str] | None = None) -> None:
     learning.add_argument("--eval-episodes", type=int, default=5)
     learning.add_argument("--name", default="collection_learning")
     args = parser.parse_args(argv)
-    {"collect": bench_collect, "learn": bench_learn, "learning": bench_learning}[args.command](args)
+    {"collect": bench_collect, "ceiling": bench_ceiling, "learn": bench_learn, "learning": bench_learning}[args.command](args)
 
 
 if __name__ == "__main__":
