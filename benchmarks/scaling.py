@@ -318,8 +318,9 @@ def _report(args: argparse.Namespace) -> None:
              "`python benchmarks/scaling.py report` (runs in `benchmarks/results/scaling_runs/`). Every process count "
              "trains the same global batch for the same env steps: each of n ranks runs n_envs / n envs and trains "
              "on batch_size / n samples of every minibatch. Machine: the 2-core box, SHARED with other jobs while "
-             "measuring (load average 10-18 on 2 cores): absolute numbers are low and noisy; the ratios are of "
-             "medians over repeats that alternate the configurations."]
+             "measuring (load average 10-18 on 2 cores for the n_envs=16 rows, the profile and the learning runs; 2-5 "
+             "for the plain `@cpu_linear` and the `@gpu` throughput rows): absolute numbers are noisy; the ratios "
+             "are of medians over repeats that alternate the configurations."]
     curves: dict[str, dict[int, float]] = {}
     for label in _labels(throughput):
         table, curves[label] = _throughput_table([r for r in throughput if r.get("label", r["entry"]) == label])
