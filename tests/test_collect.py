@@ -61,3 +61,23 @@ def test_auto_is_the_policy_device() -> None:
 def test_bad_collect_device(bad) -> None:
     with pytest.raises(ValueError, match=r"collect_device must be 'auto', 'cpu', 'cuda'"):
         ScalablePPO("MlpPolicy", "Pendulum-v1", collect_device=bad, **SMALL)
+
+
+def test_overlap_collection_routes_envpool_rollouts_through_the_double_buffered_collector() -> None:
+    pytest.importorskip("envpool")
+    from sb3_ppo_scale.core import ppo as ppo_module
+    from sb3_ppo_scale.envs import make_envpool_vec_env
+
+    for overlap, expected_calls in ((False, 0), (True, 2)):
+        env = make_envpool_vec_env("HalfCheetah-v5", 4, seed=0)
+        model = ScalablePPO("MlpPolicy", env, overlap_collection=overlap, **SMALL)
+        with mock.patch.object(ppo_module, "collect_rollouts_overlapped", wraps=ppo_module.collect_rollouts_overlapped) as overlapped:
+            model.learn(2 * 64 * 4)
+        assert overlapped.call_count == expected_calls
+        assert model.num_timesteps == 2 * 64 * 4
+        env.close()
+
+
+def test_bad_overlap_collection() -> None:
+    with pytest.raises(ValueError, match=r"overlap_collection must be True or False, got 'yes'"):
+        ScalablePPO("MlpPolicy", "Pendulum-v1", overlap_collection="yes", **SMALL)

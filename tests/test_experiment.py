@@ -42,7 +42,8 @@ def test_train_writes_model_logs_and_evaluate_loads_them(tmp_path: Path, capsys:
 
     out = _run(["evaluate", "--log-dir", str(run), "--episodes", "3", "--seed", "7", "--device", "cpu"], capsys)
     first = json.loads(out.strip().splitlines()[-1])
-    assert first["episodes"] == 3 and first["deterministic"] and first["mean_return"] >= 8  # CartPole's minimum
+    assert first["episodes"] == 3 and first["deterministic"] and first["mean_return"] >= 50
+    # 3000 steps train this seed to 64; a uniformly random CartPole policy averages ~22 per episode
     again = json.loads(_run(["evaluate", "--log-dir", str(run), "--episodes", "3", "--seed", "7"],
                             capsys).strip().splitlines()[-1])
     assert again["mean_return"] == first["mean_return"]  # same seed, deterministic policy: same episodes

@@ -47,6 +47,7 @@ class ScaleConfig:
     compile_loss: bool = False
     nonfinite: str = "skip"
     collect_device: str | th.device = "auto"
+    overlap_collection: bool = False
 
     @classmethod
     def of(cls, model: Any) -> "ScaleConfig":
@@ -58,8 +59,9 @@ class ScaleConfig:
         """Raise ValueError naming the first bad argument; returns the resolved rollout device."""
         check_batching(batch_size, self.grad_accum_steps, normalize_advantage)
         self._check_objective()
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "overlap_collection"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_compile_loss(self.compile_loss, self.cuda_graphs)
         if self.nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_MODES))}, got {self.nonfinite!r}")

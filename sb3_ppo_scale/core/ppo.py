@@ -24,6 +24,7 @@ from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, p
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
 from sb3_ppo_scale.core.sampling import MinibatchLoader
 from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
 
 _PPO_SIGNATURE = inspect.signature(PPO.__init__)
 
@@ -65,6 +66,9 @@ class ScalablePPO(PPO):
         as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
         a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect`).
         Saved with the model.
+    :param overlap_collection: on an EnvPool VecEnv, step one half of the envs while the policy runs on the other
+        (default False; see :mod:`sb3_ppo_scale.envs.overlap`: same data distribution as SB3's loop, other random
+        draws). Ignored for envs it does not support.
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
         optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
         :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
@@ -79,6 +83,7 @@ class ScalablePPO(PPO):
     compile_loss: bool = False
     nonfinite: str = "skip"
     collect_device: str = "auto"
+    overlap_collection: bool = False
 
     def __init__(
         self,
@@ -96,6 +101,7 @@ class ScalablePPO(PPO):
         compile_loss: bool = False,
         nonfinite: str = "skip",
         collect_device: str | th.device = "auto",
+        overlap_collection: bool = False,
         **kwargs: Any,
     ) -> None:
         ppo_args = _PPO_SIGNATURE.bind(self, policy, env, *args, **kwargs)
@@ -103,7 +109,8 @@ class ScalablePPO(PPO):
         # before PPO's own `batch_size > 1` assertion, so that error reads like every other (ScaleConfig.validate)
         check_batching(ppo_args.arguments["batch_size"], grad_accum_steps, ppo_args.arguments["normalize_advantage"])
         config = ScaleConfig(grad_accum_steps, buffer_device, objective, kl_coef, kl_penalty_target, kl_adapt_factor,
-                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite, collect_device)
+                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite, collect_device,
+                             overlap_collection)
         for name in ScaleConfig.__dataclass_fields__:
             setattr(self, name, getattr(config, name))
         self._n_grad_steps = 0
@@ -202,11 +209,17 @@ class ScalablePPO(PPO):
 
     def _collect_on_device(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
         if self._collect_device == self.device:
-            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            return self._collect(env, callback, rollout_buffer, n_rollout_steps)
         if self._collection is None or self._collection.device != self._collect_device:
             self._collection = CollectionPolicy(self.policy, self._collect_device)
         with collecting_on(self, self._collection):
-            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            return self._collect(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """SB3's loop, or the double-buffered EnvPool one with ``overlap_collection``."""
+        if self.overlap_collection and overlap_supported(self, env):
+            return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     # ----------------------------------------------------------------------------------------------- update
     def train(self) -> None:
