@@ -108,3 +108,12 @@ def test_rollout_size_counts_every_data_parallel_rank() -> None:
     check_rollout_size(128, 64, 1, world_size=2)
     with pytest.raises(ValueError, match=r"batch_size must be between 1 and n_steps \* n_envs \* world_size = 64 \* 1 \* 2 ranks = 128"):
         check_rollout_size(129, 64, 1, world_size=2)
+
+
+def test_rollout_buffer_keyword_typo_names_the_allowed_keywords() -> None:
+    from sb3_ppo_scale import PrioritizedRolloutBuffer
+
+    with pytest.raises(ValueError, match=r"rollout_buffer_kwargs has 'priorty', which PrioritizedRolloutBuffer does not "
+                                         r"take; allowed: 'capacity', 'evict_fraction', 'high_fraction', "
+                                         r"'importance_correction', 'priority'"):
+        build(rollout_buffer_class=PrioritizedRolloutBuffer, rollout_buffer_kwargs=dict(priorty="reward"))

@@ -3,6 +3,7 @@ argument and what is allowed."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 
@@ -128,4 +129,26 @@ def check_compile_toolchain(compile_loss: bool, device: th.device) -> None:
         raise ValueError(
             "compile_loss=True on the CPU needs a C++ compiler for torch.compile (g++, clang++ or $CXX), and none "
             "was found on PATH; install one (e.g. apt install g++) or pass compile_loss=False"
+        )
+
+
+#: rollout-buffer constructor arguments that the algorithm fills in itself
+_BUFFER_ARGS_SET_BY_ALGORITHM = {"self", "buffer_size", "observation_space", "action_space", "device", "gae_lambda",
+                                 "gamma", "n_envs"}
+
+
+def check_rollout_buffer_kwargs(buffer_class: type | None, kwargs: dict | None) -> None:
+    """Every key of ``rollout_buffer_kwargs`` is an argument of ``rollout_buffer_class`` (a typo would otherwise be a
+    bare TypeError deep inside SB3)."""
+    if buffer_class is None or not kwargs:
+        return
+    parameters = inspect.signature(buffer_class.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    allowed = sorted(set(parameters) - _BUFFER_ARGS_SET_BY_ALGORITHM)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"rollout_buffer_kwargs has {', '.join(map(repr, unknown))}, which {buffer_class.__name__} does not take; "
+            f"allowed: {', '.join(map(repr, allowed)) or 'none'}"
         )

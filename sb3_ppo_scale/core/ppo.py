@@ -12,7 +12,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale import distributed as data_parallel
-from sb3_ppo_scale.core.checks import check_batching
+from sb3_ppo_scale.core.checks import check_batching, check_rollout_buffer_kwargs
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
@@ -126,6 +126,7 @@ class ScalablePPO(PPO):
         self.device = data_parallel.rank_device(self.device)  # cuda:LOCAL_RANK under torchrun
         self._config = ScaleConfig.of(self)
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
+        check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
         super()._setup_model()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())
