@@ -115,56 +115,20 @@ class ForwardDistance(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def evaluate(model: Any, eval_env: Any, episodes: int) -> dict[str, float | None]:
-    """Deterministic episodes: mean return, mean length (steps) and mean forward distance (m, or None)."""
-    from stable_baselines3.common.evaluation import evaluate_policy
+def _make_callback(eval_env: Any, eval_every: int, episodes: int) -> Any:
+    """The experiments' one evaluation callback: at the start, then at the first rollout start after every
+    ``eval_every`` steps; forward distance recorded; evaluation time excluded from the clocks."""
+    from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
 
-    distances: list[float] = []
-
-    def record(local: dict[str, Any], _: dict[str, Any]) -> None:  # called just before evaluate_policy counts it
-        info = local["info"]
-        if local["done"] and "episode" in info and "forward_distance" in info:
-            distances.append(float(info["forward_distance"]))
-
-    returns, lengths = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
-                                       return_episode_rewards=True, callback=record)
-    return {"return": float(np.mean(returns)), "length": float(np.mean(lengths)),
-            "forward_distance": float(np.mean(distances)) if len(distances) == len(returns) else None}
+    return PeriodicEvalCallback(eval_env, eval_every, n_episodes=episodes, eval_at_start=True, eval_at_end=False,
+                                info_keys=("forward_distance",), at_rollout_start=True)
 
 
-def _make_callback(eval_env: Any, eval_every: int, episodes: int, curve: list[dict[str, Any]]) -> Any:
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.vec_env import sync_envs_normalization
-
-    class Timed(BaseCallback):
-        """Evaluates every ``eval_every`` steps into ``curve``; evaluation time is excluded from the clocks."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.next_eval, self.excluded, self.cpu_excluded = 0, 0.0, 0.0
-            self.start, self.cpu_start = time.perf_counter(), time.process_time()
-
-        def evaluate(self, n_episodes: int) -> None:
-            paused, cpu_paused = time.perf_counter(), time.process_time()
-            sync_envs_normalization(self.model.get_env(), eval_env)
-            point = {"steps": int(self.num_timesteps), "train_s": paused - self.start - self.excluded,
-                     "cpu_s": cpu_paused - self.cpu_start - self.cpu_excluded}
-            point.update(evaluate(self.model, eval_env, n_episodes))
-            episodes_seen = list(self.model.ep_info_buffer or [])
-            point["train_length"] = float(np.mean([e["l"] for e in episodes_seen])) if episodes_seen else None
-            curve.append(point)
-            self.excluded += time.perf_counter() - paused
-            self.cpu_excluded += time.process_time() - cpu_paused
-
-        def _on_rollout_start(self) -> None:
-            if self.num_timesteps >= self.next_eval:
-                self.evaluate(episodes)
-                self.next_eval += eval_every
-
-        def _on_step(self) -> bool:
-            return True
-
-    return Timed()
+def _curve(callback: Any) -> list[dict[str, Any]]:
+    """The callback's evaluations as the run JSON's ``curve`` points."""
+    return [{"steps": e.timesteps, "train_s": e.train_s, "cpu_s": e.cpu_s, "return": e.mean_return,
+             "length": e.mean_length, "forward_distance": e.episode_info.get("forward_distance"),
+             "train_length": e.train_length} for e in callback.evaluations]
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -197,10 +161,10 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
     eval_config = dataclasses.replace(config, env_wrappers=[*config.env_wrappers, (ForwardDistance, {})])
     eval_env = zoo.make_envs(eval_config, n_envs=min(eval_episodes, 5), seed=seed + 10_000, eval_env=True)
     model = zoo.build_model(config, env, algo=getattr(importlib.import_module(module), name), seed=seed, device="cpu")
-    curve: list[dict[str, Any]] = []
-    timer = _make_callback(eval_env, eval_every, eval_episodes, curve)
+    timer = _make_callback(eval_env, eval_every, eval_episodes)
     model.learn(total_timesteps=budget, callback=timer)
     timer.evaluate(final_episodes)
+    curve = _curve(timer)
     last = curve[-1]
     result = {
         "task": task, "algo": label, "algo_class": ALGO_CLASSES[algo], "seed": seed, "budget": budget,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,11 @@ class Evaluation:
     mean_length: float
     train_s: float
     cpu_s: float
+    #: per ``info_keys`` of the callback: the mean over episodes of that key in each episode's last info (None when
+    #: an episode lacked it), e.g. MuJoCo's forward distance
+    episode_info: dict[str, float | None] = field(default_factory=dict)
+    #: mean length of the last (up to 100) *training* episodes, None before the first one ends
+    train_length: float | None = None
 
 
 class PeriodicEvalCallback(BaseCallback):
@@ -114,12 +119,18 @@ class PeriodicEvalCallback(BaseCallback):
     :param on_eval: called with each :class:`Evaluation` (e.g. to report to Optuna; may raise to stop training).
     :param save_dir: if set, write ``evaluations.npz`` (SB3 EvalCallback's format: timesteps, results, ep_lengths)
         and ``best_model.zip`` (the policy with the best mean return so far) into this folder.
+    :param info_keys: keys of the evaluation episodes' final ``info`` to average into ``Evaluation.episode_info``
+        (default none).
+    :param at_rollout_start: check the schedule when a rollout starts instead of at every env step (default False),
+        so each evaluation sees a new policy and ``timesteps`` is a rollout boundary.
     """
 
     def __init__(self, eval_env: VecEnv, eval_freq: int, n_episodes: int = 5, deterministic: bool = True,
                  eval_at_start: bool = False, eval_at_end: bool = True,
-                 on_eval: Callable[[Evaluation], None] | None = None, save_dir: str | Path | None = None) -> None:
+                 on_eval: Callable[[Evaluation], None] | None = None, save_dir: str | Path | None = None,
+                 info_keys: tuple[str, ...] = (), at_rollout_start: bool = False) -> None:
         super().__init__()
+        self.info_keys, self.at_rollout_start = info_keys, at_rollout_start
         if eval_freq < 1 or n_episodes < 1:
             raise ValueError(f"eval_freq and n_episodes must be >= 1, got {eval_freq}, {n_episodes}")
         self.eval_env, self.eval_freq, self.n_episodes = eval_env, eval_freq, n_episodes
@@ -142,26 +153,44 @@ class PeriodicEvalCallback(BaseCallback):
             self.evaluate()
 
     def _on_step(self) -> bool:
+        if not self.at_rollout_start:
+            self._evaluate_if_due()
+        return True
+
+    def _on_rollout_start(self) -> None:
+        if self.at_rollout_start:
+            self._evaluate_if_due()
+
+    def _evaluate_if_due(self) -> None:
         if self.num_timesteps >= self._next:
             self._next += self.eval_freq
             self.evaluate()
-        return True
 
     def _on_training_end(self) -> None:
         if self.eval_at_end and (not self.evaluations or self.evaluations[-1].timesteps != self.num_timesteps):
             self.evaluate()
 
-    def evaluate(self) -> Evaluation:
-        """Run ``n_episodes`` episodes now, record and return the result."""
+    def evaluate(self, n_episodes: int | None = None) -> Evaluation:
+        """Run ``n_episodes`` (default: the callback's) episodes now, record and return the result."""
         paused, cpu_paused = time.perf_counter(), time.process_time()
         training_env = self.model.get_env()
         if isinstance(training_env, VecNormalize):
             sync_envs_normalization(training_env, self.eval_env)
-        returns, lengths = evaluate_policy(self.model, self.eval_env, n_eval_episodes=self.n_episodes,
-                                           deterministic=self.deterministic, return_episode_rewards=True)
+        final_infos: list[dict[str, Any]] = []
+
+        def record(local: dict[str, Any], _: dict[str, Any]) -> None:  # evaluate_policy's per-step hook
+            if local["done"] and "episode" in local["info"]:
+                final_infos.append(local["info"])
+
+        returns, lengths = evaluate_policy(self.model, self.eval_env, n_eval_episodes=n_episodes or self.n_episodes,
+                                           deterministic=self.deterministic, return_episode_rewards=True,
+                                           callback=record if self.info_keys else None)
+        training = [episode["l"] for episode in (self.model.ep_info_buffer or [])]
         result = Evaluation(
             timesteps=int(self.num_timesteps), mean_return=float(np.mean(returns)), mean_length=float(np.mean(lengths)),
             train_s=paused - self._start - self._excluded, cpu_s=cpu_paused - self._cpu_start - self._cpu_excluded,
+            episode_info={key: _mean_info(final_infos, key, len(returns)) for key in self.info_keys},
+            train_length=float(np.mean(training)) if training else None,
         )
         self.evaluations.append(result)
         self._episodes.append((list(map(float, returns)), list(map(int, lengths))))
@@ -181,6 +210,12 @@ class PeriodicEvalCallback(BaseCallback):
         if result.mean_return >= max(self.returns):
             self.model.save(self.save_dir / "best_model.zip")
 
-    def as_dicts(self) -> list[dict[str, float]]:
+    def as_dicts(self) -> list[dict[str, Any]]:
         """The evaluations as plain dicts (for JSON)."""
         return [asdict(e) for e in self.evaluations]
+
+
+def _mean_info(infos: list[dict[str, Any]], key: str, n_episodes: int) -> float | None:
+    """Mean of ``key`` over the episodes' final infos; None unless every episode had it."""
+    values = [float(info[key]) for info in infos if key in info]
+    return float(np.mean(values)) if values and len(values) == n_episodes else None
