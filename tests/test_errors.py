@@ -117,3 +117,15 @@ def test_rollout_buffer_keyword_typo_names_the_allowed_keywords() -> None:
                                          r"take; allowed: 'capacity', 'evict_fraction', 'high_fraction', "
                                          r"'importance_correction', 'priority'"):
         build(rollout_buffer_class=PrioritizedRolloutBuffer, rollout_buffer_kwargs=dict(priorty="reward"))
+
+
+def test_every_added_argument_reaches_the_config() -> None:
+    """Each ScaleConfig field is a constructor argument stored on the model (a forgotten one would silently take
+    its default)."""
+    from sb3_ppo_scale.core.config import ScaleConfig
+
+    chosen = dict(grad_accum_steps=2, buffer_device="cpu", objective="kl_penalty", kl_coef=0.5, kl_penalty_target=0.02,
+                  kl_adapt_factor=3.0, kl_adapt_tolerance=2.0, cuda_graphs=False, compile_loss=False, nonfinite="raise",
+                  collect_device="cpu", overlap_collection=True)
+    assert set(chosen) == set(ScaleConfig.__dataclass_fields__)
+    assert ScaleConfig.of(build(**chosen)) == ScaleConfig(**chosen)

@@ -23,6 +23,11 @@ from sb3_ppo_scale.core.objectives import STAT_NAMES
 MAX_CONSECUTIVE = 10
 
 
+def _state_tensors(optimizer: th.optim.Optimizer, parameters: list[th.nn.Parameter]) -> list[th.Tensor]:
+    """Every tensor of the optimizer's state for ``parameters`` (Adam: step, exp_avg, exp_avg_sq)."""
+    return [t for p in parameters for t in optimizer.state.get(p, {}).values() if isinstance(t, th.Tensor)]
+
+
 class NonFiniteError(RuntimeError):
     """Training produced non-finite losses or gradients (see the message for the minibatch statistics)."""
 
@@ -81,16 +86,14 @@ class NonFiniteGuard:
         """The step, then every parameter and optimizer-state tensor put back where ``finite`` is false. State that
         this very step created (the optimizer's first step) is zeroed instead: Adam's fresh state (zero moments, step
         0) behaves exactly like none."""
-        existing = {id(t) for p in parameters for t in optimizer.state.get(p, {}).values() if isinstance(t, th.Tensor)}
-        state = [t for p in parameters for t in optimizer.state.get(p, {}).values() if isinstance(t, th.Tensor)]
+        state = _state_tensors(optimizer, parameters)
+        existing = {id(t) for t in state}
         tensors = [p.data for p in parameters] + state
         before = [t.clone() for t in tensors]
         optimizer.step()
         for tensor, old in zip(tensors, before):
             tensor.copy_(th.where(finite, tensor, old))
-        created = [t for p in parameters for t in optimizer.state.get(p, {}).values()
-                   if isinstance(t, th.Tensor) and id(t) not in existing]
-        for tensor in created:
+        for tensor in (t for t in _state_tensors(optimizer, parameters) if id(t) not in existing):
             tensor.copy_(th.where(finite, tensor, th.zeros_like(tensor)))
         self.skipped += (~finite).long()
         self.consecutive.copy_(th.where(finite, th.zeros_like(self.consecutive), self.consecutive + 1))

@@ -108,11 +108,11 @@ class ScalablePPO(PPO):
         ppo_args.apply_defaults()
         # before PPO's own `batch_size > 1` assertion, so that error reads like every other (ScaleConfig.validate)
         check_batching(ppo_args.arguments["batch_size"], grad_accum_steps, ppo_args.arguments["normalize_advantage"])
-        config = ScaleConfig(grad_accum_steps, buffer_device, objective, kl_coef, kl_penalty_target, kl_adapt_factor,
-                             kl_adapt_tolerance, cuda_graphs, compile_loss, nonfinite, collect_device,
-                             overlap_collection)
-        for name in ScaleConfig.__dataclass_fields__:
-            setattr(self, name, getattr(config, name))
+        # plain attributes, so SB3's save() keeps them; ScaleConfig.of(self) reads them back in _setup_model
+        self.__dict__.update(grad_accum_steps=grad_accum_steps, buffer_device=buffer_device, objective=objective,
+                             kl_coef=kl_coef, kl_penalty_target=kl_penalty_target, kl_adapt_factor=kl_adapt_factor,
+                             kl_adapt_tolerance=kl_adapt_tolerance, cuda_graphs=cuda_graphs, compile_loss=compile_loss,
+                             nonfinite=nonfinite, collect_device=collect_device, overlap_collection=overlap_collection)
         self._n_grad_steps = 0
         self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
