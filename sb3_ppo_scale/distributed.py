@@ -46,6 +46,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch as th
 import torch.distributed as dist
+
+# torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is first imported (torch
+# imports it lazily, e.g. with torch._dynamo). Imported after the process group exists, those defaults keep the group
+# alive past destroy_process_group(): gloo's worker threads then outlive the interpreter and abort the process at
+# exit (SIGABRT, "terminate called without an active exception"). Imported here, before any group exists, they are None.
+if dist.is_available():
+    import torch.distributed.nn.functional  # noqa: F401  (see above)
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.running_mean_std import RunningMeanStd

@@ -79,7 +79,16 @@ def _bootstrap(rank: int, port: int, worker: Any, out: Path, args: tuple) -> Non
         result = worker(rank, out, *args)
     finally:
         dist.destroy_process_group()
+    # a process group kept alive past destroy_process_group leaves gloo threads that abort the process at exit
+    assert _gloo_threads() == [], f"rank {rank}: gloo threads outlive destroy_process_group: {_gloo_threads()}"
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (Linux /proc; empty elsewhere)."""
+    tasks = Path("/proc/self/task")
+    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()] if tasks.exists() else []
+    return [name for name in names if "gloo" in name]
 
 
 def _state(model: ScalablePPO) -> dict[str, th.Tensor]:
