@@ -87,7 +87,8 @@ def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path
     entry = {"policy": "MlpPolicy", "n_timesteps": 256, "n_envs": 2, "n_steps": 64, "batch_size": 64,
              "n_epochs": 1, "grad_accum_steps": 2}
     config = tmp_path / "c.yml"
-    config.write_text(yaml.safe_dump({"Hopper-v5@x": entry, "Hopper-v5@kl": {**entry, "objective": "kl"}}))
+    config.write_text(yaml.safe_dump({"Hopper-v5@x": entry, "Hopper-v5@kl": {**entry, "objective": "kl"},
+                                      "Hopper-v5@kl_lr": {**entry, "learning_rate": "kl_adaptive_1e-3"}}))
     out = tmp_path / "r.json"
     assert bench.run_one("Hopper-v5", "sb3_ppo@x", 0, 128, 64, 1, 1, str(config), str(out)) == str(out)
     result = json.loads(out.read_text())
@@ -98,3 +99,7 @@ def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path
     skipped = bench._try_run("Hopper-v5", "sb3_ppo@kl", 0, 128, 64, 1, 1, str(config), str(tmp_path / "kl.json"))
     assert skipped.startswith("skipped Hopper-v5 sb3_ppo@kl seed 0") and "objective" in skipped
     assert not (tmp_path / "kl.json").exists()
+    # SB3 PPO would take a KLAdaptiveLR as a constant schedule: refused, not run with another config
+    skipped = bench._try_run("Hopper-v5", "sb3_ppo@kl_lr", 0, 128, 64, 1, 1, str(config), str(tmp_path / "lr.json"))
+    assert skipped.startswith("skipped Hopper-v5 sb3_ppo@kl_lr seed 0") and "kl_adaptive" in skipped
+    assert not (tmp_path / "lr.json").exists()

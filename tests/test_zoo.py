@@ -153,6 +153,25 @@ def test_schedules_parse() -> None:
     assert config.model_kwargs["clip_range"](0.5) == pytest.approx(0.1)
 
 
+def test_kl_adaptive_learning_rate_parses() -> None:
+    from sb3_ppo_scale.core.lr import KLAdaptiveLR
+
+    default, started, mapped = (zoo.parse_schedule(v) for v in (
+        "kl_adaptive", "kl_adaptive_1e-3", {"kl_adaptive": {"initial": 2e-3, "target_kl": 0.02, "max_lr": 5e-3}}))
+    assert all(isinstance(lr, KLAdaptiveLR) for lr in (default, started, mapped))
+    assert (default.value, started.value, mapped.value) == (3e-4, 1e-3, 2e-3)
+    assert (mapped.target_kl, mapped.max_lr, started.target_kl) == (0.02, 5e-3, 0.01)
+    for bad, message in (("kl_adaptive_x", "kl_adaptive_<number>"), ({"kl_adaptive": {"lr": 1}}, "keys among"),
+                         ({"kl_adaptive": {"initial": 1.0}}, "initial must lie in"), ({"a": 1}, "keys among")):
+        with pytest.raises(ValueError, match=message):
+            zoo.parse_schedule(bad)
+    with pytest.raises(ValueError, match="clip_range: expected a number"):
+        zoo.parse_schedule("kl_adaptive", "clip_range")  # only the learning rate adapts to the KL
+    config = zoo.load_config(None, "HalfCheetah-v5", "gpu_kl")  # the large-batch recipe
+    assert isinstance(config.model_kwargs["learning_rate"], KLAdaptiveLR)
+    assert config.model_kwargs["learning_rate"].value == 1e-3 and config.n_envs * config.model_kwargs["n_steps"] >= 16384
+
+
 def test_unknown_keys_name_the_key_and_entry(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown key 'learning_rat'.*'Hopper-v5@cpu'"):
         zoo.load_config(None, "Hopper-v5", "cpu", {"learning_rat": 1e-3})

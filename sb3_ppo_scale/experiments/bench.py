@@ -40,6 +40,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
 from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
 
@@ -138,6 +139,8 @@ def _config_for(config: Any, algo: str) -> tuple[Any, list[str]]:
 
     if algo != "sb3_ppo":
         return config, []
+    if isinstance(config.model_kwargs.get("learning_rate"), KLAdaptiveLR):  # SB3 would keep it constant, silently
+        raise ValueError(f"PPO does not take learning_rate kl_adaptive (entry {config.entry!r}; ScalablePPO-only)")
     dropped = sorted(k for k in config.model_kwargs if k in EXECUTION_ONLY_KEYS)
     kwargs = {k: v for k, v in config.model_kwargs.items() if k not in EXECUTION_ONLY_KEYS}
     return dataclasses.replace(config, model_kwargs=kwargs), dropped

@@ -30,6 +30,7 @@ from stable_baselines3.common.vec_env import (
     DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage,
 )
 
+from sb3_ppo_scale.core.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
@@ -116,8 +117,14 @@ def parse_literal(text: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- schedules
-def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSchedule:
-    """A number (constant) or ``"lin_<x>"`` (linear decay from x to 0); anything else raises ``ValueError``."""
+def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSchedule | KLAdaptiveLR:
+    """A number (constant) or ``"lin_<x>"`` (linear decay from x to 0); for ``learning_rate`` also the KL-adaptive
+    rate (:class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`): ``"kl_adaptive"`` (its defaults), ``"kl_adaptive_<x>"``
+    (starting at x) or a mapping ``{kl_adaptive: {initial: x, target_kl: ..., factor: ..., min_lr: ..., max_lr:
+    ...}}``. Anything else raises ``ValueError``."""
+    if key == "learning_rate" and (value == KL_ADAPTIVE or isinstance(value, dict)
+                                   or (isinstance(value, str) and value.startswith(KL_ADAPTIVE + "_"))):
+        return _kl_adaptive(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):
@@ -132,7 +139,27 @@ def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSche
             return float(value)
         except ValueError:
             pass
-    raise ValueError(f"{key}: expected a number or 'lin_<number>' (e.g. lin_3e-4), got {value!r}")
+    kl_forms = ", 'kl_adaptive', 'kl_adaptive_<number>'" if key == "learning_rate" else ""
+    raise ValueError(f"{key}: expected a number, 'lin_<number>' (e.g. lin_3e-4){kl_forms}, got {value!r}")
+
+
+#: the arguments a ``{kl_adaptive: {...}}`` learning rate may set
+KL_ADAPTIVE_ARGUMENTS = ("initial", "target_kl", "factor", "min_lr", "max_lr")
+
+
+def _kl_adaptive(value: str | dict[str, Any]) -> KLAdaptiveLR:
+    if isinstance(value, str):
+        number = value[len(KL_ADAPTIVE):].lstrip("_")
+        try:
+            return KLAdaptiveLR(float(number)) if number else KLAdaptiveLR()
+        except ValueError as error:  # not a number
+            raise ValueError(f"learning_rate: expected 'kl_adaptive_<number>' (e.g. kl_adaptive_1e-3), got {value!r}"
+                             ) from error
+    arguments = value.get(KL_ADAPTIVE) if list(value) == [KL_ADAPTIVE] else None
+    if not isinstance(arguments, dict) or set(arguments) - set(KL_ADAPTIVE_ARGUMENTS):
+        raise ValueError(f"learning_rate: a mapping must be {{kl_adaptive: {{...}}}} with keys among "
+                         f"{', '.join(KL_ADAPTIVE_ARGUMENTS)}, got {value!r}")
+    return KLAdaptiveLR(**arguments)
 
 
 # ------------------------------------------------------------------------------------------- config files
