@@ -658,22 +658,6 @@ def resume_train_model(path: Path, env: VecEnv, device: str, n_timesteps: int) -
     return model
 
 
-def continue_evaluations(callback: Any, run_dir: Path, num_timesteps: int) -> None:
-    """A resumed run's PeriodicEvalCallback: the earlier evaluations (``evaluations.npz``) kept, the next one at
-    the next multiple of ``eval_freq`` after ``num_timesteps`` (as the uninterrupted run)."""
-    from sb3_ppo_scale.experiments.pipeline import Evaluation
-
-    saved = run_dir / "evaluations.npz"
-    if saved.is_file():
-        data = np.load(saved)
-        for steps, returns, lengths in zip(data["timesteps"], data["results"], data["ep_lengths"]):
-            if steps <= num_timesteps:
-                callback.evaluations.append(Evaluation(int(steps), float(np.mean(returns)), float(np.mean(lengths)),
-                                                       float("nan"), float("nan")))
-                callback._episodes.append((list(map(float, returns)), list(map(int, lengths))))
-    callback._next = (num_timesteps // callback.eval_freq + 1) * callback.eval_freq
-
-
 __all__ = [
     "CHECKPOINT_VERSION", "PREEMPTED_EXIT_CODE", "NonFiniteCheckpointError", "ResumableCheckpoint", "TrainingPreempted",
     "capture_boundary", "learn_resumable", "load_checkpoint", "read_checkpoint", "resume_notes", "save_checkpoint",

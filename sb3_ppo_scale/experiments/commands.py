@@ -149,7 +149,7 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
             callback = PeriodicEvalCallback(eval_env, args.eval_freq, args.eval_episodes, eval_at_end=False,
                                             on_eval=_print_evaluation if args.verbose else None, save_dir=run_dir)
             if resume_from is not None:
-                checkpointing.continue_evaluations(callback, run_dir, model.num_timesteps)
+                callback.continue_run(model.num_timesteps)
         if main:
             _write_run_config(run_dir, config, args, n_timesteps)
     except BaseException:

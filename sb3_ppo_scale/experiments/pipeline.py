@@ -147,6 +147,20 @@ class PeriodicEvalCallback(BaseCallback):
         """Mean return of each evaluation so far."""
         return [e.mean_return for e in self.evaluations]
 
+    def continue_run(self, num_timesteps: int) -> None:
+        """Continue a resumed run at ``num_timesteps`` env steps: the evaluations up to then in ``save_dir``'s
+        ``evaluations.npz`` are kept (their clocks are NaN: another process measured them), and the next one is due
+        at the next multiple of ``eval_freq``, as in the uninterrupted run."""
+        saved = None if self.save_dir is None else self.save_dir / "evaluations.npz"
+        if saved is not None and saved.is_file():
+            data = np.load(saved)
+            for steps, returns, lengths in zip(data["timesteps"], data["results"], data["ep_lengths"]):
+                if steps <= num_timesteps:
+                    self.evaluations.append(Evaluation(int(steps), float(np.mean(returns)), float(np.mean(lengths)),
+                                                       float("nan"), float("nan")))
+                    self._episodes.append((list(map(float, returns)), list(map(int, lengths))))
+        self._next = (num_timesteps // self.eval_freq + 1) * self.eval_freq
+
     def _on_training_start(self) -> None:
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
         if self.eval_at_start:
