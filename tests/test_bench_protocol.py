@@ -58,6 +58,15 @@ def _run_file(runs: Path, algo: str, seed: int, scale: float, final: float) -> N
         "final_forward_distance": final / 1000, "steps_per_s": 10 / (4.0 * scale), "curve": curve}))
 
 
+def test_late_return_and_return_at_a_budget() -> None:
+    curve = [{"steps": k * 100, "return": float(r)} for k, r in enumerate((0, 500, 900, 1700, 3000, 3300, 3100,
+                                                                           3200, 3400, 3000, 1600))]
+    run = {"budget": 1000, "curve": curve}
+    assert bench.late_return(run) == pytest.approx((3400 + 3000 + 1600) / 3)  # steps 800, 900, 1000: the last 20%
+    assert bench.return_at(run, 300) == 1700 and bench.return_at(run, 250) == 1700
+    assert np.isnan(bench.return_at(run, 1001))
+
+
 def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -74,6 +83,8 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
             "2.00 [2.00, 2.00], CPU time ratio 2.00 [2.00, 2.00], final return 11 [10, 12] higher (per seed); "
             "evaluation returns identical on 0 of 2 seeds") in text  # the plugin's effect
     assert "| 1000 [1000, 1000] | 2.0 [2.0, 2.0] |" in text  # episode length and forward distance columns
+    assert "| 2000 [2000, 2001] | 2000 [2000, 2001] |" in text  # sb3_ppo@cpu: final return = late return (1 point)
+    assert "at the baseline's budget" not in text  # only for runs longer than the baseline's
     assert "| 900 | 10 [10, 10] | 8.0 [8.0, 8.0] | 6.0 [6.0, 6.0] |" in text  # sb3_ppo@cpu: 0.9 x sb3_ppo's 1000
     summary = bench.summarise(bench.load_results(tmp_path), 1.2)  # above the baseline's own return (1000)
     assert "| 1200 | reached on 0 of 2 seeds | reached on 0 of 2 seeds |" in "\n".join(bench._table(summary))
@@ -81,6 +92,12 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
     assert bench.command_line("cmd", args, bench.load_results(tmp_path)) == (
         "cmd --tasks T --algos sb3_ppo sb3_ppo@cpu scalable_ppo@cpu --no-pairs --seeds 0 1 --budget 10 "
         "--eval-every 10000 --eval-episodes 5 --final-episodes 10 --baseline sb3_ppo --threshold-frac 0.9 --out o")
+    longer = json.loads((runs / "T__scalable_ppo@cpu__seed0.json").read_text())
+    longer.update(algo="scalable_ppo@long", budget=20, curve=[*longer["curve"], {**longer["curve"][-1], "steps": 20,
+                                                                                  "return": 5000.0}])
+    (runs / "T__scalable_ppo@long__seed0.json").write_text(json.dumps(longer))
+    text = bench.write_markdown(bench.summarise(bench.load_results(tmp_path), 0.9), tmp_path, 0.9, "cmd").read_text()
+    assert "at the baseline's budget (10 steps) its return is 2010 [2010, 2010]" in text  # per sample, not the 5000
 
 
 def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path: Path) -> None:

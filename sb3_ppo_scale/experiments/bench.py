@@ -59,6 +59,8 @@ LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
 DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo@cpu"]
 #: ScalablePPO arguments that change how an update is computed, not what it computes: dropped for SB3 PPO
 EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss")
+#: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
+LATE_FRACTION = 0.2
 #: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step
 #: and 125 per metre forward (dt 0.008 s), 1000 steps at most: standing still earns <= 1000, and 1500 needs >= 4 m.
 THRESHOLD_FLOORS = {"Hopper-v5": 1500.0}
@@ -203,6 +205,18 @@ def time_to_threshold(curve: list[dict[str, float]], threshold: float, key: str 
     return float("inf")
 
 
+def late_return(run: dict[str, Any], fraction: float = LATE_FRACTION) -> float:
+    """Mean evaluation return over the last ``fraction`` of the run's budget (its final evaluation included):
+    steadier than the final evaluation alone, which can swing by > 1000 on Hopper."""
+    start = run["budget"] * (1 - fraction)
+    return float(np.mean([p["return"] for p in run["curve"] if p["steps"] >= start]))
+
+
+def return_at(run: dict[str, Any], steps: int) -> float:
+    """The return of the run's first evaluation at or after ``steps`` env steps (NaN if it stopped before)."""
+    return next((p["return"] for p in run["curve"] if p["steps"] >= steps), float("nan"))
+
+
 def task_threshold(task: str, baseline_runs: list[dict[str, Any]], threshold_frac: float) -> float:
     """``max(threshold_frac x the baseline's mean final return, the task's floor)``; nan with neither."""
     candidates = [THRESHOLD_FLOORS.get(task, float("nan"))]
@@ -247,6 +261,7 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
             per_algo[algo] = {
                 "seeds": [r["seed"] for r in algo_runs],
                 "final_return": bootstrap_ci([r["final_return"] for r in algo_runs]),
+                "late_return": bootstrap_ci([late_return(r) for r in algo_runs]),
                 "final_length": _optional_ci([r.get("final_length") for r in algo_runs]),
                 "final_forward_distance": _optional_ci([r.get("final_forward_distance") for r in algo_runs]),
                 "time_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold) for r in algo_runs]),
@@ -259,7 +274,13 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
                 "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
                 "budget": algo_runs[0]["budget"], "entry": algo_runs[0]["entry"],
             }
-        summary[task] = {"threshold": threshold, "baseline": baseline, "algos": per_algo, "runs": runs}
+        baseline_budget = runs[baseline][0]["budget"] if runs.get(baseline) else None
+        for algo, algo_runs in runs.items():
+            if baseline_budget is not None and algo_runs[0]["budget"] > baseline_budget:
+                per_algo[algo]["return_at_baseline_budget"] = bootstrap_ci(
+                    [return_at(r, baseline_budget) for r in algo_runs])
+        summary[task] = {"threshold": threshold, "baseline": baseline, "algos": per_algo, "runs": runs,
+                         "baseline_budget": baseline_budget}
     return summary
 
 
@@ -303,15 +324,15 @@ def _threshold_cells(threshold: float, stats: dict[str, Any]) -> str:
 
 def _table(summary: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
-        "| task | algo (config entry) | budget (steps) | seeds | final return | episode length | forward m |"
-        " threshold | steps to threshold | s to threshold | CPU s to threshold | train s | CPU s | steps/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| task | algo (config entry) | budget (steps) | seeds | final return | return, last 20% | episode length |"
+        " forward m | threshold | steps to threshold | s to threshold | CPU s to threshold | train s | CPU s | steps/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, data in summary.items():
         for algo, s in data["algos"].items():
             lines.append(
                 f"| {task} | {algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | {_fmt(s['final_return'])} | "
-                f"{_fmt(s['final_length'])} | {_fmt(s['final_forward_distance'], 1)} | "
+                f"{_fmt(s['late_return'])} | {_fmt(s['final_length'])} | {_fmt(s['final_forward_distance'], 1)} | "
                 f"{_threshold_cells(data['threshold'], s)} | {_fmt(s['train_s'], 1)} | "
                 f"{_fmt(s['cpu_s'], 1)} | {_fmt(s['steps_per_s'])} |"
             )
@@ -336,8 +357,17 @@ def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
                 f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
                 f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, final return "
                 f"{data['algos'][algo]['final_return'][0] / data['algos'][baseline]['final_return'][0]:.2f}x of SB3's"
+                + _at_baseline_budget(data, algo)
             )
     return lines
+
+
+def _at_baseline_budget(data: dict[str, Any], algo: str) -> str:
+    """For a run longer than the baseline's: its return at the baseline's budget (learning per sample)."""
+    stats = data["algos"][algo].get("return_at_baseline_budget")
+    if stats is None:
+        return ""
+    return f"; at the baseline's budget ({data['baseline_budget']} steps) its return is {_fmt(stats)}"
 
 
 def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
@@ -376,7 +406,8 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
         "last update. Time: training wall-clock seconds, evaluation excluded (CPU s: the process's CPU time, less",
         f"sensitive to other load). Threshold: max({threshold_frac:g} x the baseline's ({', '.join(baselines)}) mean",
         f"final return, the task's floor above known plateaus: {floors}); steps / s / CPU s to threshold: at the first",
-        "evaluation whose mean return reaches it (env steps do not depend on the box's load).", "",
+        "evaluation whose mean return reaches it (env steps do not depend on the box's load). Return, last 20%:",
+        "per seed, the mean of the evaluations in the last 20% of the run's steps (steadier than the final one).", "",
         *_table(summary),
         "", f"Against the baseline ({', '.join(baselines)}; ratios from the means, > 1: faster than the baseline):", "",
         *_baseline_lines(summary),
