@@ -58,6 +58,18 @@ def _run_file(runs: Path, algo: str, seed: int, scale: float, final: float) -> N
         "final_forward_distance": final / 1000, "steps_per_s": 10 / (4.0 * scale), "curve": curve}))
 
 
+def test_rerun_commands_group_runs_by_budget_and_evaluation_settings() -> None:
+    args = bench.build_parser().parse_args(["--out", "o", "--report-only"])
+    old = {"task": "T", "algo": "sb3_ppo", "seed": 0, "budget": 1000, "hyperparams": {"n_steps": 512, "n_envs": 1},
+           "curve": [{"steps": s} for s in (0, 50176, 100352, 1000)]}  # evaluation settings not recorded
+    new = {"task": "T", "algo": "scalable_ppo@gpu_kl", "seed": 1, "budget": 3000, "eval_every": 100, "eval_episodes": 2,
+           "final_episodes": 3, "curve": []}
+    assert bench.evaluation_settings(old, args) == (50000, 5, 10)  # the roundest eval_every in (49664, 50176]
+    commands = bench.command_line("cmd", args, [old, new]).split("; ")
+    assert commands[0].startswith("cmd --tasks T --algos sb3_ppo --no-pairs --seeds 0 --budget 1000 --eval-every 50000 ")
+    assert "--seeds 1 --budget 3000 --eval-every 100 --eval-episodes 2 --final-episodes 3 " in commands[1]
+
+
 def test_late_return_and_return_at_a_budget() -> None:
     curve = [{"steps": k * 100, "return": float(r)} for k, r in enumerate((0, 500, 900, 1700, 3000, 3300, 3100,
                                                                            3200, 3400, 3000, 1600))]

@@ -179,7 +179,8 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
         "steps": int(model.num_timesteps), "train_s": last["train_s"], "cpu_s": last["cpu_s"],
         "final_return": last["return"], "final_length": last["length"],
         "final_forward_distance": last["forward_distance"], "steps_per_s": model.num_timesteps / last["train_s"],
-        "torch_threads": 1, "curve": curve,
+        "torch_threads": 1, "eval_every": eval_every, "eval_episodes": eval_episodes,
+        "final_episodes": final_episodes, "curve": curve,
     }
     Path(out_file).write_text(json.dumps(result, indent=1))
     return out_file
@@ -505,18 +506,46 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
 
 
 def command_line(command: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
-    """The command that reruns (resumably) the runs in ``results``: their tasks, labels, seeds and budget, and the
-    evaluation and report options of ``args``."""
-    def unique(key: str) -> list[Any]:
-        return sorted({r[key] for r in results}, key=lambda v: (_label_order(v, args.baseline) if key == "algo" else v))
+    """The commands that rerun (resumably) the runs in ``results``, one per group of runs with the same budget and
+    evaluation settings (joined by ``; ``): their tasks, labels and seeds, and the report options of ``args``.
+    Evaluation settings come from the runs (:func:`evaluation_settings`), else from ``args``."""
+    groups: dict[tuple[int, int, int, int], list[dict[str, Any]]] = {}
+    for run in results:
+        groups.setdefault((run["budget"], *evaluation_settings(run, args)), []).append(run)
+    if not groups:
+        groups[(args.budget, args.eval_every, args.eval_episodes, args.final_episodes)] = []
+    commands = []
+    for (budget, eval_every, eval_episodes, final_episodes), runs in sorted(groups.items()):
+        def unique(key: str, runs: list[dict[str, Any]] = runs) -> list[Any]:
+            return sorted({r[key] for r in runs}, key=lambda v: (_label_order(v, args.baseline) if key == "algo" else v))
 
-    budgets = unique("budget") or [args.budget]
-    parts = [command, "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
-             "--no-pairs", "--seeds", *map(str, unique("seed") or args.seeds), "--budget", str(budgets[0]),
-             "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes), "--final-episodes",
-             str(args.final_episodes), "--baseline", args.baseline, "--threshold-frac", f"{args.threshold_frac:g}",
-             "--out", str(args.out)]
-    return " ".join(parts) + (f" (budgets differ between runs: {budgets})" if len(budgets) > 1 else "")
+        commands.append(" ".join([
+            command, "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
+            "--no-pairs", "--seeds", *map(str, unique("seed") or args.seeds), "--budget", str(budget),
+            "--eval-every", str(eval_every), "--eval-episodes", str(eval_episodes), "--final-episodes",
+            str(final_episodes), "--baseline", args.baseline, "--threshold-frac", f"{args.threshold_frac:g}",
+            "--out", str(args.out)]))
+    return "; ".join(commands)
+
+
+def evaluation_settings(run: dict[str, Any], args: argparse.Namespace) -> tuple[int, int, int]:
+    """``(eval_every, eval_episodes, final_episodes)`` of a run: as recorded; runs made before they were recorded
+    get ``args``' episode counts and the roundest ``eval_every`` consistent with their first evaluation after the
+    start (made at the first rollout boundary at or after it): e.g. 50 000 for a first evaluation at 50 176 steps
+    with 512-step rollouts."""
+    if "eval_every" in run:
+        return run["eval_every"], run["eval_episodes"], run["final_episodes"]
+    return _inferred_eval_every(run, args.eval_every), args.eval_episodes, args.final_episodes
+
+
+def _inferred_eval_every(run: dict[str, Any], default: int) -> int:
+    steps = [p["steps"] for p in run["curve"] if p["steps"] > 0]
+    if len(steps) < 2:  # only the final evaluation: no periodic one happened
+        return default
+    hyperparams = run.get("hyperparams", {})
+    rollout = hyperparams.get("n_steps", 2048) * hyperparams.get("n_envs", 1)
+    low, high = max(steps[0] - rollout + 1, 1), steps[0]
+    return max(range(low, high + 1), key=lambda v: (len(str(v)) - len(str(v).rstrip("0")), -v))
 
 
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
