@@ -49,7 +49,7 @@ def test_typo_in_env_id_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
     [
         (["--set", "learning_rat=1e-3"], "unknown key 'learning_rat' in entry 'CartPole-v1'"),
         (["--set", "n_envs=0"], "n_envs in entry 'CartPole-v1' must be a positive integer, got 0"),
-        (["--set", "learning_rate=fast"], "learning_rate: expected a number or 'lin_<number>'"),
+        (["--set", "learning_rate=fast"], "learning_rate: expected a number, 'lin_<number>'"),
         (["--set", "vec_env=threads"], "vec_env in entry 'CartPole-v1' must be one of ('dummy', 'subproc', 'envpool')"),
         (["--variant", "nope"], "no entry 'CartPole-v1@nope'"),
         (["--n-timesteps", "0"], "--n-timesteps must be >= 1, got 0"),

@@ -81,8 +81,12 @@ def test_envpool_variants_are_copies_of_tested_variants(entry: str) -> None:
     assert ENTRIES[entry]["vec_env"] == "envpool" and (twins or task == "atari"), entry
 
 
+#: the large-batch recipe's entries: the learning rate starts at 1e-3 (KL-adaptive, or constant for SB3's PPO)
+RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const")))
+
+
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES
-                                         and not e.endswith("_envpool")))
+                                         and not e.endswith("_envpool") and e not in RECIPE_ENTRIES))
 def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
     plain = ENTRIES[entry.split("@")[0]]
     variant = ENTRIES[entry]
@@ -95,6 +99,15 @@ def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
     assert variant["batch_size"] <= variant.get("n_steps", 2048) * variant.get("n_envs", 1)
     if entry.endswith("@gpu"):
         assert 16384 <= variant["batch_size"] <= 65536
+
+
+@pytest.mark.parametrize("task", sorted({e.split("@")[0] for e in RECIPE_ENTRIES}))
+def test_the_recipe_with_a_constant_rate_differs_only_in_the_rate(task: str) -> None:
+    adaptive, constant = ENTRIES[f"{task}@gpu_kl"], ENTRIES[f"{task}@gpu_const"]
+    assert adaptive["learning_rate"] == "kl_adaptive_1e-3" and constant["learning_rate"] == 1e-3
+    assert {k: v for k, v in adaptive.items() if k != "learning_rate"} == {
+        k: v for k, v in constant.items() if k != "learning_rate"}
+    assert adaptive["n_envs"] * adaptive["n_steps"] >= 16384 and adaptive["batch_size"] <= 2048  # >= 8 minibatches
 
 
 ZOO_POLICY_KWARGS = [
