@@ -120,6 +120,8 @@ def test_rl_zoo3_route_checks_the_entry_before_the_zoo_evals_it(tmp_path: Path) 
     assert not marker.exists()
     with pytest.raises(ValueError, match="Python configs run code"):
         zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "CartPole-v1", "-conf", "evil.py"])
+    with pytest.raises(ValueError, match="'HalfCheetah-v5@gpu_kl' is KL-adaptive.*sb3-ppo-scale train"):
+        zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "HalfCheetah-v5", "--variant", "gpu_kl"])
     argv = zoo_main.prepare_argv(["--algo", "scalable_ppo", "--env", "Hopper-v5", "--variant", "cpu", "-n", "5"])
     assert "--variant" not in argv and argv[:4] == ["--algo", "scalable_ppo", "--env", "Hopper-v5"]
     written = zoo.read_entries(argv[argv.index("-conf") + 1])

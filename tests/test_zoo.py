@@ -174,7 +174,9 @@ def test_kl_adaptive_learning_rate_parses() -> None:
     assert all(isinstance(lr, KLAdaptiveLR) for lr in (default, started, mapped))
     assert (default.value, started.value, mapped.value) == (3e-4, 1e-3, 2e-3)
     assert (mapped.target_kl, mapped.max_lr, started.target_kl) == (0.02, 5e-3, 0.01)
-    for bad, message in (("kl_adaptive_x", "kl_adaptive_<number>"), ({"kl_adaptive": {"lr": 1}}, "keys among"),
+    for bad, message in (("kl_adaptive_x", "kl_adaptive_<number>"), ("kl_adaptive_", "kl_adaptive_<number>"),
+                         ("kl_adaptive__1e-3", "kl_adaptive_<number>"), ("kl_adaptive_1", "initial must lie in"),
+                         ({"kl_adaptive": {"lr": 1}}, "keys among"),
                          ({"kl_adaptive": {"initial": 1.0}}, "initial must lie in"), ({"a": 1}, "keys among")):
         with pytest.raises(ValueError, match=message):
             zoo.parse_schedule(bad)

@@ -257,6 +257,7 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
         labels = sorted({r["algo"] for r in task_runs}, key=lambda a: _label_order(a, baseline))
         runs = {a: [r for r in task_runs if r["algo"] == a] for a in labels}
         threshold = task_threshold(task, runs.get(baseline, []), threshold_frac)
+        baseline_budget = runs[baseline][0]["budget"] if runs.get(baseline) else None
         per_algo = {}
         for algo, algo_runs in runs.items():
             per_algo[algo] = {
@@ -275,9 +276,7 @@ def summarise(results: list[dict[str, Any]], threshold_frac: float,
                 "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
                 "budget": algo_runs[0]["budget"], "entry": algo_runs[0]["entry"],
             }
-        baseline_budget = runs[baseline][0]["budget"] if runs.get(baseline) else None
-        for algo, algo_runs in runs.items():
-            if baseline_budget is not None and algo_runs[0]["budget"] > baseline_budget:
+            if baseline_budget is not None and algo_runs[0]["budget"] > baseline_budget:  # learning per sample
                 per_algo[algo]["return_at_baseline_budget"] = bootstrap_ci(
                     [return_at(r, baseline_budget) for r in algo_runs])
         summary[task] = {"threshold": threshold, "baseline": baseline, "algos": per_algo, "runs": runs,

@@ -26,8 +26,9 @@ from typing import Any
 import optuna
 import yaml
 
-from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments import zoo
 
 ALGO_NAME = "scalable_ppo"
 
@@ -109,6 +110,9 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
     if conf.suffix not in (".yml", ".yaml"):
         raise ValueError(f"-conf must be a .yml/.yaml file for --algo {ALGO_NAME} (Python configs run code), got {conf}")
     config = zoo.load_config(conf, known.env, known.variant)  # raises ValueError on unsafe or unknown entries
+    if isinstance(config.model_kwargs.get("learning_rate"), KLAdaptiveLR):  # rl_zoo3 would fail on it with a traceback
+        raise ValueError(f"learning_rate of entry {config.entry!r} is KL-adaptive, which rl_zoo3's trainer cannot take "
+                         "(it reads a string learning rate as lin_<x>); train it with `sb3-ppo-scale train`")
     if known.variant is None and known.conf:
         return rest
     key = "atari" if config.entry.split("@")[0] == "atari" else known.env

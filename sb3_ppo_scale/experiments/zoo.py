@@ -148,13 +148,15 @@ KL_ADAPTIVE_ARGUMENTS = ("initial", "target_kl", "factor", "min_lr", "max_lr")
 
 
 def _kl_adaptive(value: str | dict[str, Any]) -> KLAdaptiveLR:
-    if isinstance(value, str):
-        number = value[len(KL_ADAPTIVE):].lstrip("_")
+    if value == KL_ADAPTIVE:
+        return KLAdaptiveLR()
+    if isinstance(value, str):  # kl_adaptive_<x>
         try:
-            return KLAdaptiveLR(float(number)) if number else KLAdaptiveLR()
-        except ValueError as error:  # not a number
+            initial = float(value[len(KL_ADAPTIVE) + 1:])
+        except ValueError as error:
             raise ValueError(f"learning_rate: expected 'kl_adaptive_<number>' (e.g. kl_adaptive_1e-3), got {value!r}"
                              ) from error
+        return KLAdaptiveLR(initial)  # its own ValueError names the bounds
     arguments = value.get(KL_ADAPTIVE) if list(value) == [KL_ADAPTIVE] else None
     if not isinstance(arguments, dict) or set(arguments) - set(KL_ADAPTIVE_ARGUMENTS):
         raise ValueError(f"learning_rate: a mapping must be {{kl_adaptive: {{...}}}} with keys among "
