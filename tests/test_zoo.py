@@ -185,6 +185,10 @@ def test_kl_adaptive_learning_rate_parses() -> None:
     config = zoo.load_config(None, "HalfCheetah-v5", "gpu_kl")  # the large-batch recipe
     assert isinstance(config.model_kwargs["learning_rate"], KLAdaptiveLR)
     assert config.model_kwargs["learning_rate"].value == 1e-3 and config.n_envs * config.model_kwargs["n_steps"] >= 16384
+    first, second = (zoo.build_model(config, zoo.make_envs(config, n_envs=1), device="cpu", batch_size=256)
+                     for _ in range(2))
+    first.learning_rate.adapt(1.0)  # a KL far above the target: / 1.5
+    assert first.learning_rate is not second.learning_rate and second.learning_rate.value == 1e-3
 
 
 def test_unknown_keys_name_the_key_and_entry(tmp_path: Path) -> None:

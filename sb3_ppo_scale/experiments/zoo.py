@@ -452,9 +452,10 @@ def _envpool_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
 def build_model(config: ZooConfig, env: VecEnv, algo: type = ScalablePPO, **kwargs: Any) -> Any:
     """``algo(config.policy, env, **config.model_kwargs, **kwargs)``; ``kwargs`` (seed, device, ...) win.
 
-    With ``algo=stable_baselines3.PPO`` the ScalablePPO-only keys must be absent (ValueError otherwise).
+    With ``algo=stable_baselines3.PPO`` the ScalablePPO-only keys must be absent (ValueError otherwise). Each model
+    gets its own copy of the config's arguments: a KL-adaptive learning rate is state, not shared between models.
     """
-    model_kwargs = {**config.model_kwargs, **kwargs}
+    model_kwargs = {**copy.deepcopy(config.model_kwargs), **kwargs}
     accepted = inspect.signature(algo.__init__).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
         extra = sorted(set(model_kwargs) - set(accepted))
