@@ -17,6 +17,8 @@ def test_labels_pairs_and_errors() -> None:
     assert bench.parse_label("sb3_ppo") == ("sb3_ppo", None)
     assert bench.parse_label("scalable_ppo@gpu") == ("scalable_ppo", "gpu")
     assert bench.parse_label("scalable_ppo") == ("scalable_ppo", "cpu")  # the earlier results' label
+    assert bench.parse_label("scalable_ppo@plain") == ("scalable_ppo", None)  # the plain entry, as sb3_ppo's
+    assert bench.with_pairs(["scalable_ppo@plain"]) == ["scalable_ppo@plain", "sb3_ppo"]
     assert bench.with_pairs(["sb3_ppo", "scalable_ppo@cpu", "sb3_ppo@cpu", "scalable_ppo_gpu"]) == [
         "sb3_ppo", "scalable_ppo@cpu", "sb3_ppo@cpu", "scalable_ppo_gpu", "sb3_ppo@gpu"]
     for bad in ("ppo@cpu", "sb3_ppo@", "scalable"):
