@@ -87,3 +87,24 @@ def test_beta_and_rate_adapt_on_the_same_kl(objective: str) -> None:
     assert len(kls) == 4 and model.learning_rate.value == pytest.approx(rate.value)
     assert len(model.logger.history["train/kl_coef"]) == 4
     assert th.isfinite(th.cat([p.flatten() for p in model.policy.parameters()])).all()
+
+
+def test_graph_key_does_not_see_the_rate_a_cuda_graph_reads_from_its_tensor() -> None:
+    """The CPU half of cuda_graphs' no-recapture property (the CUDA half: tests/test_cuda.py): while graphs run, each
+    param group's rate lives in one persistent 0-d tensor, so the optimizer settings the graph key compares stay the
+    same when the KL rule moves the rate, and the tensor carries the new value. A float rate would change the key."""
+    from sb3_ppo_scale.core.graphs import _group_hyperparameters, _learning_rates_as_tensors
+
+    optimizer = th.optim.Adam([th.nn.Parameter(th.zeros(3))], lr=1e-3)
+    persistent: dict[int, th.Tensor] = {}
+    keys, tensors = [], []
+    for rate in (1e-3, 1e-3 / 1.5):
+        optimizer.param_groups[0]["lr"] = rate  # what KLAdaptiveLR sets between train() calls
+        previous = _learning_rates_as_tensors(optimizer, persistent)
+        assert previous == [rate]
+        keys.append(_group_hyperparameters(optimizer.param_groups[0]))
+        tensors.append(optimizer.param_groups[0]["lr"])
+        assert float(tensors[-1]) == pytest.approx(rate)
+        optimizer.param_groups[0]["lr"] = previous[0]  # CudaGraphStep.close
+    assert keys[0] == keys[1] and tensors[0] is tensors[1]
+    assert _group_hyperparameters({"lr": 1e-3}) != _group_hyperparameters({"lr": 1e-3 / 1.5})
