@@ -112,17 +112,19 @@ def report(args: argparse.Namespace) -> None:
         "",
         f"Produced by `OMP_NUM_THREADS=1 python benchmarks/pong.py run --algo <algo> --max-seconds "
         f"{records[0]['max_seconds']:.0f}` for each algo at once (one per core), then `python benchmarks/pong.py "
-        f"report`; {records[0]['machine']}, 1 torch thread per run. Schedules span {records[0]['budget']:,} steps; "
+        f"report --every {args.every}`; {records[0]['machine']}, 1 torch thread per run. Schedules span {records[0]['budget']:,} steps; "
         "each run stopped at its time limit. Return: mean raw score of the last 10 whole training games (-21: loses "
-        "every point, 21: wins every point). Curves: `pong_curve.png`; every point: the JSON files here.",
+        "every point, 21: wins every point). Columns go up to the step count both runs reached. The two envs' Atari "
+        "preprocessing differs in details (docs/envpool.md), so the curves compare the two setups, not the two "
+        "algorithm classes alone. Curves: `pong_curve.png`; every point: the JSON files here.",
         "",
-        "| run | config entry | env | steps reached | train s | steps/s | games | " + " | ".join(
+        "| run | seed | config entry | env | steps reached | train s | steps/s | games | " + " | ".join(
             f"return at {m // 1000}k" for m in marks) + " |",
-        "|---|---|---|---:|---:|---:|---:|" + "---:|" * len(marks),
+        "|---|---:|---|---|---:|---:|---:|---:|" + "---:|" * len(marks),
     ]
     for r in records:
         at = [return_at(r, m) for m in marks]
-        lines.append(f"| {r['class']} | `{r['entry']}` | {r['vec_env']} | {r['steps']:,} | {r['train_s']:.0f} | "
+        lines.append(f"| {r['class']} | {r['seed']} | `{r['entry']}` | {r['vec_env']} | {r['steps']:,} | {r['train_s']:.0f} | "
                      f"{r['steps_per_s']:.0f} | {r['games']} | " + " | ".join(
                          "-" if v is None else f"{v:.1f}" for v in at) + " |")
     (RESULTS / "pong.md").write_text("\n".join(lines) + "\n")

@@ -53,7 +53,8 @@ def test_every_entry_loads_and_builds_a_model(entry: str) -> None:
 
 
 #: named SB3 PPO baselines of the learning benchmark (docs/benchmarks.md), not ScalablePPO variants of their plain entry
-BASELINE_ENTRIES = frozenset({"Hopper-v5@zoo", "Hopper-v5@zoo_gamma099", "Hopper-v5@sb3_defaults"})
+BASELINE_ENTRIES = frozenset({"Hopper-v5@zoo", "Hopper-v5@zoo_gamma099", "Hopper-v5@sb3_defaults",
+                              "HalfCheetah-v5@sb3_defaults"})
 
 
 def test_plain_entries_are_the_zoo_ppo_values() -> None:
@@ -255,3 +256,12 @@ def test_vec_env_kinds_and_activation_names() -> None:
     assert zoo.SAFE_NAMES["nn.ReLU"] is th.nn.ReLU and zoo.SAFE_NAMES["th.nn.LeakyReLU"] is th.nn.LeakyReLU
     with pytest.raises(ValueError, match=r"activation_fn must be one of \('tanh', 'relu'"):
         zoo.load_config(None, "CartPole-v1", None, {"policy_kwargs": {"activation_fn": "relux"}})
+
+
+@pytest.mark.parametrize("task", ["Hopper-v5", "HalfCheetah-v5"])
+def test_sb3_defaults_baselines_are_ppo_defaults_with_vecnormalize(task: str) -> None:
+    """The ablation baselines of docs/benchmarks.md pass PPO no hyperparameter: its constructor defaults, one env,
+    VecNormalize's defaults."""
+    config = zoo.load_config(None, task, "sb3_defaults")
+    assert config.model_kwargs == {} and config.n_envs == 1 and config.normalize == {}
+    assert config.policy == "MlpPolicy"
