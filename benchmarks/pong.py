@@ -39,6 +39,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
 from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.experiments.bench import return_at
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pong"
 ENV_ID = "PongNoFrameskip-v4"
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
     path = RESULTS / f"{args.algo}_seed{args.seed}.json"
     record: dict[str, Any] = {
         "algo": args.algo, "class": f"{algo_cls.__module__}.{algo_cls.__name__}", "entry": config.entry,
-        "vec_env": type(model.get_env()).__name__ + (f" over {config.vec_env}" if config.vec_env else ""),
+        "env": env_setup(config),
         "seed": args.seed, "budget": args.timesteps, "max_seconds": args.max_seconds, "torch_threads": 1,
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {th.__version__}", "games": 0, "curve": [],
     }
@@ -98,15 +99,17 @@ def run(args: argparse.Namespace) -> None:
           f"{record['games']} games, last return {record['curve'][-1]['return'] if record['curve'] else None}")
 
 
-def return_at(record: dict[str, Any], steps: int) -> float | None:
-    """The training return at the first curve point at or after ``steps`` (None before the first game ends)."""
-    return next((p["return"] for p in record["curve"] if p["steps"] >= steps), None)
+def env_setup(config: zoo.ZooConfig) -> str:
+    """How an entry's envs are built, for the table: the VecEnv kind, its wrappers and the frame stack."""
+    parts = [config.vec_env] + [wrapper.__name__ for wrapper, _ in config.env_wrappers]
+    parts += [f"frame stack {config.frame_stack}"] if config.frame_stack else []
+    return " + ".join(parts) + (" (EnvPool's preprocessing)" if config.vec_env == "envpool" else "")
 
 
 def report(args: argparse.Namespace) -> None:
     records = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*_seed*.json"))]
     common = min(r["curve"][-1]["steps"] for r in records)
-    marks = [s for s in range(args.every, common + 1, args.every)] + ([common] if common % args.every else [])
+    marks = list(range(args.every, common + 1, args.every)) + ([common] if common % args.every else [])
     lines = [
         "# Pong: ScalablePPO on EnvPool against SB3 PPO, the zoo's Atari config",
         "",
@@ -123,10 +126,11 @@ def report(args: argparse.Namespace) -> None:
         "|---|---:|---|---|---:|---:|---:|---:|" + "---:|" * len(marks),
     ]
     for r in records:
-        at = [return_at(r, m) for m in marks]
-        lines.append(f"| {r['class']} | {r['seed']} | `{r['entry']}` | {r['vec_env']} | {r['steps']:,} | {r['train_s']:.0f} | "
+        at = [return_at(r, m) for m in marks]  # nan: no curve point there; None: no game had ended yet
+        setup = env_setup(zoo.load_config(None, ENV_ID, RUNS[r["algo"]][1]))
+        lines.append(f"| {r['class']} | {r['seed']} | `{r['entry']}` | {setup} | {r['steps']:,} | {r['train_s']:.0f} | "
                      f"{r['steps_per_s']:.0f} | {r['games']} | " + " | ".join(
-                         "-" if v is None else f"{v:.1f}" for v in at) + " |")
+                         "-" if v is None or np.isnan(v) else f"{v:.1f}" for v in at) + " |")
     (RESULTS / "pong.md").write_text("\n".join(lines) + "\n")
     plot(records, RESULTS / "pong_curve.png")
     print("\n".join(lines))
