@@ -32,6 +32,7 @@ Checkpoints use pickle (like SB3's zip files): load only checkpoints you trust.
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import os
 import random
@@ -281,6 +282,7 @@ def save_checkpoint(model: BaseAlgorithm, path: str | Path, boundary: dict[str, 
     state = {
         "version": CHECKPOINT_VERSION,
         "algorithm": type(model).__name__,
+        "algorithm_class": f"{type(model).__module__}:{type(model).__qualname__}",
         "model_zip": _model_zip(model),
         "counters": local["counters"],
         "ranks": ranks,
@@ -303,6 +305,16 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         version = state.get("version") if isinstance(state, dict) else None
         raise ValueError(f"{path} is not a sb3_ppo_scale checkpoint of version {CHECKPOINT_VERSION} (found {version!r})")
     return state
+
+
+#: Checkpoints written before the class was recorded were all ScalablePPO's.
+_DEFAULT_ALGORITHM_CLASS = "sb3_ppo_scale.core.ppo:ScalablePPO"
+
+
+def _algorithm_class(state: dict[str, Any]) -> type:
+    """The class that wrote the checkpoint, imported by name (``module:qualname``)."""
+    module, _, name = state.get("algorithm_class", _DEFAULT_ALGORITHM_CLASS).partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _prepare_env(env: VecEnv, local: dict[str, Any]) -> VecEnv:
@@ -378,13 +390,11 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
     checkpoint has statistics); it is reset here. Continue with :func:`learn_resumable` (same budget, same
     TensorBoard run). Under torch.distributed each rank takes its own rank's state.
 
-    :param cls: the algorithm class (default: ScalablePPO); ``kwargs`` go to its ``load``.
+    :param cls: the algorithm class (default: the class that wrote the checkpoint); ``kwargs`` go to its ``load``.
     """
-    if cls is None:
-        from sb3_ppo_scale.core.ppo import ScalablePPO
-
-        cls = ScalablePPO
     state = read_checkpoint(path)
+    if cls is None:
+        cls = _algorithm_class(state)
     rank, world = _rank_and_world()
     if len(state["ranks"]) != world:
         raise ValueError(f"checkpoint {path} was written by {len(state['ranks'])} rank(s), this run has {world}")

@@ -41,7 +41,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -54,15 +54,13 @@ import torch.distributed as dist
 if dist.is_available():
     import torch.distributed.nn.functional  # noqa: F401  (see above)
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.step import LOCAL, Reducer
-
-if TYPE_CHECKING:
-    from sb3_ppo_scale.core.ppo import ScalablePPO
 
 #: environment variable that switches on the parameter checksum comparison after every update
 CHECK_SYNC_ENV = "SB3_PPO_SCALE_CHECK_SYNC"
@@ -230,7 +228,7 @@ class ProcessGroupReducer:
 
 
 # ------------------------------------------------------------------------------------------------ set-up
-def attach(model: "ScalablePPO") -> Reducer:
+def attach(model: OnPolicyAlgorithm) -> Reducer:
     """Data-parallel set-up at the start of ``learn()``: the reducer for ``model`` (LOCAL in a single process).
 
     Initialises the process group from torchrun's environment when needed, checks the set-up (``batch_size``
@@ -258,7 +256,7 @@ def attach(model: "ScalablePPO") -> Reducer:
     return reducer
 
 
-def _collective_device(model: "ScalablePPO") -> th.device:
+def _collective_device(model: OnPolicyAlgorithm) -> th.device:
     return model.device if model.device.type == "cuda" else th.device("cpu")
 
 

@@ -420,3 +420,22 @@ def test_data_parallel_preemption_on_one_rank_and_resume_is_exact(tmp_path: Path
     for rank in range(2):
         assert resumed[rank]["notes"] == [] and resumed[rank]["num_timesteps"] == full[rank]["num_timesteps"]
         assert all(th.equal(a, b) for a, b in zip(resumed[rank]["params"], full[rank]["params"]))
+
+
+class RecordedScalablePPO(ScalablePPO):
+    """A subclass, to show that a checkpoint loads as the class that wrote it."""
+
+
+def test_checkpoint_loads_as_the_class_that_wrote_it(tmp_path: Path) -> None:
+    model = RecordedScalablePPO("MlpPolicy", make_env(), n_steps=EPISODE, batch_size=16, n_epochs=1, seed=0,
+                                device="cpu", policy_kwargs={"net_arch": [8]})
+    model.learn(model.n_steps * N_ENVS)
+    path = save_checkpoint(model, tmp_path / "sub.pt")
+    assert read_checkpoint(path)["algorithm_class"] == f"{__name__}:RecordedScalablePPO"
+    resumed = load_checkpoint(path, make_env(), device="cpu")
+    assert type(resumed) is RecordedScalablePPO
+    assert_identical(model, resumed)
+    state = read_checkpoint(path)
+    del state["algorithm_class"]  # a checkpoint written before the class was recorded loads as ScalablePPO
+    th.save(state, tmp_path / "old.pt")
+    assert type(load_checkpoint(tmp_path / "old.pt", make_env(), device="cpu")) is ScalablePPO

@@ -12,6 +12,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale import distributed as data_parallel
+from sb3_ppo_scale.checkpoint import load_checkpoint
 from sb3_ppo_scale.core.checks import check_batching, check_rollout_buffer_kwargs
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
@@ -186,8 +187,6 @@ class ScalablePPO(PPO):
     def load_checkpoint(cls, path: Any, env: Any, device: str | th.device = "auto", **kwargs: Any) -> ScalablePPO:
         """The model of an exact-resume checkpoint, ready to continue training on ``env`` (reset here); continue
         with :func:`sb3_ppo_scale.checkpoint.learn_resumable` (see :func:`sb3_ppo_scale.checkpoint.load_checkpoint`)."""
-        from sb3_ppo_scale.checkpoint import load_checkpoint
-
         return load_checkpoint(path, env, device=device, cls=cls, **kwargs)  # type: ignore[return-value]
 
     def _excluded_save_params(self) -> list[str]:

@@ -1,0 +1,103 @@
+"""The package's import graph: no cycle among sb3_ppo_scale's modules, and each module imports on its own.
+
+The graph is read from the source (every ``import`` statement, also those inside functions and under
+``TYPE_CHECKING``), so a lazy import cannot hide a cycle. Each module is then imported first in a fresh child
+process: forked after the third-party libraries are loaded (the slow part), before any sb3_ppo_scale module is.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "sb3_ppo_scale"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _imported(module: str, path: Path) -> set[str]:
+    """The sb3_ppo_scale modules ``module`` names in an import statement (a package's attribute resolves to the
+    submodule when there is one, else to the package)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [base])])
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names)
+    return {name for name in found if name in MODULES and name != module}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (found := visit(target, [*path, target])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = {module: _imported(module, path) for module, path in MODULES.items()}
+    assert graph["sb3_ppo_scale.core.ppo"]  # the parser sees imports
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _import_alone(module: str) -> str:
+    import sys
+
+    for name in [name for name in sys.modules if name.split(".")[0] == "sb3_ppo_scale"]:
+        del sys.modules[name]  # earlier tests in this worker imported the package: start it anew
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # reported to the parent, which names the module
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def test_each_module_imports_on_its_own_in_a_fresh_process():
+    for heavy in ("torch", "stable_baselines3", "sb3_contrib", "gymnasium", "optuna", "matplotlib.pyplot"):
+        importlib.import_module(heavy)
+    context = multiprocessing.get_context("fork")
+    failures = {}
+    with context.Pool(1, maxtasksperchild=1) as pool:
+        for module, error in zip(MODULES, pool.map(_import_alone, MODULES, chunksize=1)):
+            if error:
+                failures[module] = error
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("module", ["sb3_ppo_scale.distributed", "sb3_ppo_scale.checkpoint"])
+def test_training_state_modules_do_not_import_the_algorithm(module):
+    """The algorithm imports checkpointing and data parallelism, not the other way round."""
+    assert "sb3_ppo_scale.core.ppo" not in _imported(module, MODULES[module])
