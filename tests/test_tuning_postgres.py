@@ -21,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def _postgres_server(max_connections: int) -> Iterator[str]:
     """Start a PostgreSQL server in a temp dir (trust auth, loopback only, fsync off); yield its URL; stop it."""
     try:
         import psycopg  # noqa: F401
@@ -80,18 +81,78 @@ def postgres_url() -> Iterator[str]:
                               timeout=120, **as_user)
 
     init = run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
+    options = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections={max_connections}"
+               " -c superuser_reserved_connections=0")
     start = run("pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-o", options, "-w", "-t", "60", "start") \
         if init.returncode == 0 else init
     if start.returncode != 0:
         log = (root / "server.log").read_text() if (root / "server.log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
         skip_or_fail_in_ci(f"PostgreSQL could not start: {(start.stderr or start.stdout).strip()[-300:]} {log[-300:]}")
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield url
     finally:
+        storage_module.close_storages()  # this process's connections to the server, before it goes
         run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A server for the module's tests (50 connections, PostgreSQL's default is 100)."""
+    with _postgres_server(max_connections=50) as url:
+        yield url
+
+
+def _client_connections(url: str) -> int:
+    """Client connections the server holds now, apart from the one asking."""
+    import psycopg
+
+    with psycopg.connect(url) as connection:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        return int(connection.execute(query).fetchone()[0])
+
+
+def _tiny_spec(name: str, tmp_path: Path, seed: int) -> Any:
+    return spec_from_dict({
+        "name": name,
+        "envs": ["Pendulum-v1"],
+        "timesteps": 64,
+        "evaluation": {"eval_freq": 64, "n_episodes": 1},
+        "base": {"n_steps": 32, "n_envs": 2, "n_epochs": 1, "policy_kwargs": {"net_arch": [8]}},
+        "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},
+                  "gae_lambda": {"type": "float", "low": 0.9, "high": 0.99}},
+        "sampler": {"name": "random", "seed": seed},
+        "output_dir": str(tmp_path / "unused"),
+    })
+
+
+def test_connections_do_not_grow_with_trials_reports_or_resumed_studies(postgres_url: str, tmp_path: Path) -> None:
+    """One engine per process and URL: N more trials, M reports and a resumed study open no new connections."""
+    spec = _tiny_spec("conn", tmp_path, seed=3)
+    assert tune(spec, n_trials=1, storage=postgres_url) == 0  # this process's storage is open from here on
+    base = _client_connections(postgres_url)
+    assert tune(spec, n_trials=5, storage=postgres_url) == 0  # N = 4 more trials in this process
+    after_trials = _client_connections(postgres_url)
+    for m in range(3):  # M = 3 reports
+        assert report_command(postgres_url, tmp_path / f"report{m}", n_bootstrap=0) == 0
+    after_reports = _client_connections(postgres_url)
+    assert tune(spec, n_trials=5, storage=postgres_url) == 0  # resumed: nothing left to run
+    assert (after_trials, after_reports, _client_connections(postgres_url)) == (base, base, base)
+    storage_module.close_storages()
+    assert _client_connections(postgres_url) == 0  # disposed: the connections are closed, not left to the GC
+    assert len(optuna.load_study(study_name="conn:Pendulum-v1", storage=open_storage(postgres_url)).trials) == 5
+
+
+def test_eight_workers_complete_every_trial_on_a_server_with_few_connections(tmp_path: Path) -> None:
+    """8 worker processes against max_connections=20 (each worker needs its trial's and its heartbeat's)."""
+    with _postgres_server(max_connections=20) as url:
+        spec = _tiny_spec("eight", tmp_path, seed=4)
+        assert tune(spec, n_trials=8, workers=8, storage=url) == 0
+        trials = optuna.load_study(study_name="eight:Pendulum-v1", storage=open_storage(url)).get_trials()
+        assert [t.state for t in trials] == [TrialState.COMPLETE] * 8
+        assert len({t.user_attrs[WORKER_ATTR] for t in trials}) == 8
 
 
 def test_study_on_postgres_with_two_workers(postgres_url: str, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import warnings
@@ -35,15 +36,44 @@ def is_rdb_url(storage: str) -> bool:
     return "://" in storage
 
 
+#: The RDB storages this process opened, by (pid, URL, heartbeat settings): one SQLAlchemy engine and pool each.
+_RDB_STORAGES: dict[tuple[int, str, int, int], RDBStorage] = {}
+
+
 def open_storage(storage: str) -> BaseStorage:
-    """Open (creating if needed) a journal file or connect to an RDB; raise ValueError if it cannot be reached."""
+    """Open (creating if needed) a journal file or connect to an RDB; raise ValueError if it cannot be reached.
+
+    An RDB storage is opened once per process and URL: later calls return the same :class:`RDBStorage`, so a
+    process holds one engine (one connection pool) per database however often it asks, and
+    :func:`close_storages` disposes them at exit. A journal file holds no connections and is opened anew.
+    """
     if not is_rdb_url(storage):
-        path = Path(storage)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(path)))
-        except OSError as error:
-            raise ValueError(f"storage: cannot open journal file {storage!r}: {error}") from None
+        return _open_journal(storage)
+    key = (os.getpid(), storage, HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S)  # a forked child opens its own
+    if key not in _RDB_STORAGES:
+        _RDB_STORAGES[key] = _open_rdb(storage)
+    return _RDB_STORAGES[key]
+
+
+def close_storages() -> None:
+    """Dispose the engines of the RDB storages this process opened (their connections close now, not at garbage
+    collection); registered to run at exit. A later :func:`open_storage` connects again."""
+    for key in [key for key in _RDB_STORAGES if key[0] == os.getpid()]:
+        _RDB_STORAGES.pop(key).engine.dispose()
+
+
+atexit.register(close_storages)
+
+
+def _open_journal(path: str) -> JournalStorage:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(path))
+    except OSError as error:
+        raise ValueError(f"storage: cannot open journal file {path!r}: {error}") from None
+
+
+def _open_rdb(storage: str) -> RDBStorage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
