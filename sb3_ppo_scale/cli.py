@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import yaml
 
+from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
+
 #: Modules that add sub-commands; each exposes ``register(subparsers)`` and sets ``func`` on its parsers.
 COMMAND_MODULES = ("sb3_ppo_scale.experiments.commands", "sb3_ppo_scale.tuning.commands")
 #: Exit code for a user's mistake (argparse's convention).
@@ -55,6 +57,7 @@ def one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one sub-command; returns its exit code (2 for a user's mistake, printed as one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    filter_known_warnings()
     debug = "--debug" in argv
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     if debug:
