@@ -65,7 +65,7 @@ def test_bad_collect_device(bad) -> None:
 
 def test_overlap_collection_routes_envpool_rollouts_through_the_double_buffered_collector() -> None:
     pytest.importorskip("envpool")
-    from sb3_ppo_scale.core import ppo as ppo_module
+    from sb3_ppo_scale.core import algorithm as ppo_module  # the mixin holds the collection path
     from sb3_ppo_scale.envs import make_envpool_vec_env
 
     for overlap, expected_calls in ((False, 0), (True, 2)):

@@ -100,4 +100,5 @@ def test_each_module_imports_on_its_own_in_a_fresh_process():
 @pytest.mark.parametrize("module", ["sb3_ppo_scale.distributed", "sb3_ppo_scale.checkpoint"])
 def test_training_state_modules_do_not_import_the_algorithm(module):
     """The algorithm imports checkpointing and data parallelism, not the other way round."""
-    assert "sb3_ppo_scale.core.ppo" not in _imported(module, MODULES[module])
+    imported = _imported(module, MODULES[module])
+    assert "sb3_ppo_scale.core.ppo" not in imported and "sb3_ppo_scale.core.algorithm" not in imported

@@ -5,6 +5,8 @@ The rollout policy's distribution is summarised per sample by a flat parameter t
 
 - diagonal Gaussian: ``[mean, std]`` (2 * action_dim columns)
 - Categorical, MultiCategorical, Bernoulli: normalised logits (sum of the action dims columns)
+- sb3-contrib's masked Categorical / MultiCategorical / Bernoulli: the normalised *masked* logits (invalid actions at
+  -1e8, never -inf, so ``p_old * (log p_old - log p)`` is ``0 * finite`` there: no NaN in the KL or its gradient)
 
 gSDE (and any other distribution) uses k3 = (r - 1) - log r with r = pi(a) / pi_old(a) on the rollout's
 actions, an unbiased, non-negative estimate of KL(pi_old || pi) (http://joschu.net/blog/kl-approx.html).
@@ -12,8 +14,7 @@ actions, an unbiased, non-negative estimate of KL(pi_old || pi) (http://joschu.n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch as th
@@ -26,9 +27,12 @@ from stable_baselines3.common.distributions import (
     MultiCategoricalDistribution,
     SquashedDiagGaussianDistribution,
 )
+from gymnasium import spaces
+from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution, MaskableMultiCategoricalDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.evaluation import Evaluator
+from sb3_ppo_scale.core.sampling import MicroBatch
 
 #: beta never leaves these bounds (so it can never reach 0 or inf); the initial kl_coef must lie inside them.
 KL_COEF_BOUNDS = (1e-6, 1e6)
@@ -39,7 +43,8 @@ def kl_estimator(distribution: Distribution) -> str:
     """"analytic" for diagonal Gaussian, Categorical, MultiCategorical and Bernoulli policies, else "k3"."""
     if isinstance(distribution, SquashedDiagGaussianDistribution):
         return K3
-    analytic = (DiagGaussianDistribution, CategoricalDistribution, MultiCategoricalDistribution, BernoulliDistribution)
+    analytic = (DiagGaussianDistribution, CategoricalDistribution, MultiCategoricalDistribution, BernoulliDistribution,
+                MaskableCategoricalDistribution, MaskableMultiCategoricalDistribution)
     return ANALYTIC if isinstance(distribution, analytic) else K3
 
 
@@ -50,7 +55,9 @@ def distribution_params(distribution: Distribution) -> th.Tensor:
         return th.cat([normal.loc, normal.scale.expand_as(normal.loc)], dim=1)
     if isinstance(distribution, MultiCategoricalDistribution):
         return th.cat([part.logits for part in distribution.distribution], dim=1)
-    return distribution.distribution.logits  # Categorical, Bernoulli
+    if isinstance(distribution, MaskableMultiCategoricalDistribution):  # also the masked Bernoulli (2 per dim)
+        return th.cat([part.logits for part in distribution.distributions], dim=1)
+    return distribution.distribution.logits  # Categorical, Bernoulli, masked Categorical
 
 
 def _bernoulli_kl(old_logits: th.Tensor, new_logits: th.Tensor) -> th.Tensor:
@@ -73,8 +80,11 @@ def analytic_kl(old_params: th.Tensor, new: Distribution) -> th.Tensor:
         var_ratio = (old_std / new_std) ** 2
         per_dim = 0.5 * (var_ratio + ((old_mean - new_mean) / new_std) ** 2 - 1 - th.log(var_ratio))
         return per_dim.sum(dim=1)
-    if isinstance(new, CategoricalDistribution):
+    if isinstance(new, (CategoricalDistribution, MaskableCategoricalDistribution)):
         return _categorical_kl(old_params, new.distribution.logits)
+    if isinstance(new, MaskableMultiCategoricalDistribution):
+        parts = th.split(old_params, list(new.action_dims), dim=1)
+        return th.stack([_categorical_kl(o, n.logits) for o, n in zip(parts, new.distributions)], dim=1).sum(dim=1)
     if isinstance(new, MultiCategoricalDistribution):
         parts = th.split(old_params, list(new.action_dims), dim=1)
         return th.stack([_categorical_kl(o, n.logits) for o, n in zip(parts, new.distribution)], dim=1).sum(dim=1)
@@ -89,51 +99,46 @@ def k3_kl(log_prob: th.Tensor, old_log_prob: th.Tensor) -> th.Tensor:
     return th.exp(log_ratio) - 1 - log_ratio
 
 
-def evaluate_with_distribution(
-    policy: ActorCriticPolicy, obs: th.Tensor | dict[str, th.Tensor], actions: th.Tensor
-) -> tuple[th.Tensor, th.Tensor, th.Tensor | None, Distribution]:
-    """``policy.evaluate_actions`` that also returns the action distribution (same operations, same values)."""
-    features = policy.extract_features(obs)
-    if policy.share_features_extractor:
-        latent_pi, latent_vf = policy.mlp_extractor(features)
-    else:
-        pi_features, vf_features = features
-        latent_pi = policy.mlp_extractor.forward_actor(pi_features)
-        latent_vf = policy.mlp_extractor.forward_critic(vf_features)
-    distribution = policy._get_action_dist_from_latent(latent_pi)
-    log_prob = distribution.log_prob(actions)
-    return policy.value_net(latent_vf), log_prob, distribution.entropy(), distribution
-
-
-def _chunks(rollout: DeviceRollout, chunk_size: int, device: th.device) -> Iterator[tuple[slice, Any]]:
-    """``(rows, samples)`` for consecutive chunks of the rollout, gathered onto ``device``."""
-    for start in range(0, len(rollout), chunk_size):
-        rows = slice(start, min(start + chunk_size, len(rollout)))
-        yield rows, rollout.gather(th.arange(rows.start, rows.stop, device=rollout.device), device)
-
-
 @th.no_grad()
-def rollout_distribution_params(policy: ActorCriticPolicy, rollout: DeviceRollout, chunk_size: int) -> th.Tensor:
-    """The current policy's distribution parameters for every rollout sample, one no-grad pass in chunks."""
-    parts = [distribution_params(policy.get_distribution(data.observations)) for _, data in _chunks(rollout, chunk_size, policy.device)]
-    return th.cat(parts).to(rollout.device)
+def rollout_distribution_params(
+    policy: ActorCriticPolicy, chunks: Iterable[MicroBatch], evaluator: Evaluator, n_samples: int, device: th.device
+) -> th.Tensor:
+    """The current policy's distribution parameters for every rollout sample (``n_samples`` rows in rollout order,
+    on ``device``), one no-grad pass over ``chunks``: micro-batches that together cover the rollout once."""
+    params: th.Tensor | None = None
+    for micro in chunks:
+        actions = micro.samples.actions
+        part = distribution_params(evaluator(policy, micro, _loss_actions(policy, actions), True)[3])  # type: ignore[arg-type]
+        if micro.mask is not None:
+            part = part[micro.mask]
+        if params is None:
+            params = th.empty((n_samples, part.shape[1]), dtype=part.dtype, device=device)
+        params.index_copy_(0, micro.rows.to(device), part.to(device))  # type: ignore[union-attr]
+    assert params is not None
+    return params
 
 
 @th.no_grad()
 def mean_rollout_kl(
-    policy: ActorCriticPolicy, rollout: DeviceRollout, chunk_size: int, estimator: str, discrete: bool
+    policy: ActorCriticPolicy, chunks: Iterable[MicroBatch], evaluator: Evaluator, n_samples: int, estimator: str
 ) -> th.Tensor:
-    """Mean KL(pi_old || pi) over the whole rollout (a device scalar; no host sync)."""
+    """Mean KL(pi_old || pi) over the rollout (a device scalar; no host sync), from ``chunks`` that cover its
+    ``n_samples`` samples once; the analytic estimator reads each chunk's ``old_dist``."""
     total = th.zeros((), device=policy.device)
-    for rows, data in _chunks(rollout, chunk_size, policy.device):
-        actions = data.actions.long().flatten() if discrete else data.actions
-        _, log_prob, _, distribution = evaluate_with_distribution(policy, data.observations, actions)
+    for micro in chunks:
+        data = micro.samples
+        _, log_prob, _, distribution = evaluator(policy, micro, _loss_actions(policy, data.actions), True)
         if estimator == ANALYTIC:
-            old = rollout.old_dist[rows].to(policy.device)  # type: ignore[index]
-            total += analytic_kl(old, distribution).sum()
+            kl = analytic_kl(micro.old_dist.to(policy.device), distribution)  # type: ignore[union-attr,arg-type]
         else:
-            total += k3_kl(log_prob, data.old_log_prob).sum()
-    return total / len(rollout)
+            kl = k3_kl(log_prob, data.old_log_prob)
+        total += (kl if micro.mask is None else kl[micro.mask]).sum()
+    return total / n_samples
+
+
+def _loss_actions(policy: ActorCriticPolicy, actions: th.Tensor) -> th.Tensor:
+    """Actions as the loss scores them: a ``Discrete`` policy's as a flat long tensor (SB3's cast)."""
+    return actions.long().flatten() if isinstance(policy.action_space, spaces.Discrete) else actions
 
 
 @dataclass(frozen=True)

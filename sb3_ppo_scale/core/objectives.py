@@ -22,7 +22,8 @@ import torch as th
 import torch.nn.functional as F
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.core.kl import ANALYTIC, KLCoefficient, analytic_kl, evaluate_with_distribution, k3_kl
+from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
+from sb3_ppo_scale.core.kl import ANALYTIC, KLCoefficient, analytic_kl, k3_kl
 from sb3_ppo_scale.core.sampling import MicroBatch
 
 #: Order of the statistics in a stats vector (one device tensor per logical minibatch).
@@ -120,6 +121,8 @@ class LossSettings:
     :param objective: an :class:`Objective`, or its name (default "clip").
     :param kl_coef: beta, the KL-penalty coefficient of this call (ignored by "clip").
     :param kl_estimator: "analytic" (needs ``MicroBatch.old_dist``) or "k3".
+    :param evaluator: how the policy evaluates a micro-batch (default: SB3 PPO's ``policy.evaluate_actions``;
+        see :mod:`sb3_ppo_scale.core.evaluation`).
     """
 
     clip_range: float
@@ -130,6 +133,7 @@ class LossSettings:
     objective: Objective | str = "clip"
     kl_coef: float = 0.0
     kl_estimator: str = ANALYTIC
+    evaluator: Evaluator = evaluate_actions
 
     def __post_init__(self) -> None:
         if isinstance(self.objective, str):
@@ -180,8 +184,12 @@ class AdvantageNormalizer:
         return (advantages - self.mean) / (self.std + 1e-8)
 
 
-def _mean(values: th.Tensor, weights: th.Tensor | None) -> th.Tensor:
-    return values.mean() if weights is None else (weights * values).mean()
+def _mean(values: th.Tensor, weights: th.Tensor | None, mask: th.Tensor | None = None) -> th.Tensor:
+    """The (weighted) mean over the micro-batch's real samples: every row, or the rows ``mask`` selects (a padded
+    sequence layout, averaged as sb3-contrib's RecurrentPPO does: ``mean(x[mask])``)."""
+    if weights is not None:
+        values = weights * values
+    return values.mean() if mask is None else values[mask].mean()
 
 
 def kl_penalty(micro: MicroBatch, distribution, log_prob: th.Tensor, settings: LossSettings) -> th.Tensor:
@@ -190,7 +198,7 @@ def kl_penalty(micro: MicroBatch, distribution, log_prob: th.Tensor, settings: L
         kl = analytic_kl(micro.old_dist, distribution)  # type: ignore[arg-type]
     else:
         kl = k3_kl(log_prob, micro.samples.old_log_prob)
-    return settings.kl_coef * _mean(kl, micro.weights)
+    return settings.kl_coef * _mean(kl, micro.weights, micro.mask)
 
 
 def ppo_loss(
@@ -205,38 +213,35 @@ def ppo_loss(
         :data:`STAT_NAMES` order (means over the micro-batch). ``policy_gradient_loss`` is the surrogate term
         alone; ``loss`` includes the KL penalty.
     """
-    data, weights = micro.samples, micro.weights
+    data, weights, mask = micro.samples, micro.weights, micro.mask
     actions = data.actions
     if settings.discrete_actions:
         actions = actions.long().flatten()
     objective = settings.terms
-    if objective.penalises_kl:
-        values, log_prob, entropy, distribution = evaluate_with_distribution(policy, data.observations, actions)
-    else:
-        values, log_prob, entropy = policy.evaluate_actions(data.observations, actions)
+    values, log_prob, entropy, distribution = settings.evaluator(policy, micro, actions, objective.penalises_kl)
     values = values.flatten()
     advantages = normalize(data.advantages)
 
     ratio = th.exp(log_prob - data.old_log_prob)
-    policy_loss = -_mean(objective.surrogate(ratio, advantages, settings.clip_range), weights)
+    policy_loss = -_mean(objective.surrogate(ratio, advantages, settings.clip_range), weights, mask)
 
     values_pred = values
     if settings.clip_range_vf is not None:
         values_pred = data.old_values + th.clamp(values - data.old_values, -settings.clip_range_vf, settings.clip_range_vf)
-    if weights is None:
+    if weights is None and mask is None:
         value_loss = F.mse_loss(data.returns, values_pred)
     else:
-        value_loss = _mean((data.returns - values_pred) ** 2, weights)
+        value_loss = _mean((data.returns - values_pred) ** 2, weights, mask)
 
-    entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights)
+    entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights, mask)
     loss = policy_loss + settings.ent_coef * entropy_loss + settings.vf_coef * value_loss
     if objective.penalises_kl:
         loss = loss + kl_penalty(micro, distribution, log_prob, settings)
 
     with th.no_grad():
         log_ratio = log_prob - data.old_log_prob
-        approx_kl = th.mean((th.exp(log_ratio) - 1) - log_ratio)
-        clip_fraction = th.mean((th.abs(ratio - 1) > settings.clip_range).float())
+        approx_kl = _mean((th.exp(log_ratio) - 1) - log_ratio, None, mask)
+        clip_fraction = _mean((th.abs(ratio - 1) > settings.clip_range).float(), None, mask)
         stats = th.stack([policy_loss, value_loss, entropy_loss, clip_fraction, approx_kl, loss]).detach()
     return loss, stats
 

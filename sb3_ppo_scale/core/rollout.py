@@ -7,8 +7,8 @@ rollout and :class:`DeviceRollout` gathers minibatches there with ``index_select
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch as th
@@ -16,6 +16,19 @@ from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 
 Observations = th.Tensor | dict[str, th.Tensor]
+
+
+class SampleTypes(NamedTuple):
+    """The samples type a gather returns, for array and for dict observations: SB3's ``RolloutBufferSamples`` pair,
+    or an algorithm's own pair whose fields after ``returns`` are its :attr:`DeviceRollout.extras`, in order (e.g.
+    sb3-contrib's ``MaskableRolloutBufferSamples`` with ``action_masks``)."""
+
+    array: type
+    dict: type
+
+
+#: SB3's samples: the six PPO fields, nothing extra
+PPO_SAMPLES = SampleTypes(RolloutBufferSamples, DictRolloutBufferSamples)
 
 
 def _gather_obs(obs: Observations, idx: th.Tensor, device: th.device) -> Observations:
@@ -33,6 +46,9 @@ class DeviceRollout:
     ``weights`` holds optional per-sample loss weights (importance correction); None means all ones.
     ``old_dist`` holds optional per-sample parameters of the rollout policy's action distribution (for an
     analytic KL penalty, see :mod:`sb3_ppo_scale.core.kl`).
+    ``extras`` holds the per-sample fields an algorithm adds (name -> tensor with ``len(self)`` rows: action masks,
+    LSTM states, episode starts), staged with the rest; ``sample_types`` says what :meth:`gather` returns (its
+    fields after ``returns`` must be the extras that :meth:`gather` appends, in ``sample_extras`` order).
     """
 
     observations: Observations
@@ -43,6 +59,9 @@ class DeviceRollout:
     returns: th.Tensor
     weights: th.Tensor | None = None
     old_dist: th.Tensor | None = None
+    extras: dict[str, th.Tensor] = field(default_factory=dict)
+    sample_types: SampleTypes = PPO_SAMPLES
+    sample_extras: tuple[str, ...] = ()
 
     #: The sample fields (the only list of them) -> the SB3 ``RolloutBuffer`` attribute each one is staged from.
     SOURCES: ClassVar[dict[str, str]] = {
@@ -66,19 +85,27 @@ class DeviceRollout:
     def gather(self, idx: th.Tensor, device: th.device | None = None) -> RolloutBufferSamples | DictRolloutBufferSamples:
         """Rows ``idx`` (an index tensor on ``self.device``) as SB3 samples on ``device`` (default: here)."""
         device = self.device if device is None else device
-        tensors = [t.index_select(0, idx).to(device, non_blocking=True) for t in self._flat_fields()]
+        fields = [*self._flat_fields(), *(self.extras[name] for name in self.sample_extras)]
+        tensors = [t.index_select(0, idx).to(device, non_blocking=True) for t in fields]
         observations = _gather_obs(self.observations, idx, device)
-        samples_cls = DictRolloutBufferSamples if isinstance(observations, dict) else RolloutBufferSamples
+        samples_cls = self.sample_types.dict if isinstance(observations, dict) else self.sample_types.array
         return samples_cls(observations, *tensors)  # type: ignore[arg-type]
 
     def _flat_fields(self) -> list[th.Tensor]:
         return [getattr(self, name) for name in self.SAMPLE_FIELDS[1:]]
 
     def tensors(self) -> list[th.Tensor | None]:
-        """Every tensor the update reads, observations first, then the sample fields, ``weights`` and ``old_dist``."""
+        """Every tensor the update reads, observations first, then the sample fields, ``weights``, ``old_dist`` and the
+        extras (by name)."""
         observations = self.observations
         obs = list(observations.values()) if isinstance(observations, dict) else [observations]
-        return [*obs, *self._flat_fields(), self.weights, self.old_dist]
+        return [*obs, *self._flat_fields(), self.weights, self.old_dist, *(self.extras[k] for k in sorted(self.extras))]
+
+
+def flat_field(buffer: RolloutBuffer, array: np.ndarray) -> np.ndarray:
+    """A buffer field (n_steps, n_envs, ...) as (n_steps * n_envs, ...) in SB3's env-major sample order, without
+    touching ``buffer`` (the array itself once ``get()`` has flattened the buffer in place)."""
+    return _flatten(buffer, array)
 
 
 def _flatten(buffer: RolloutBuffer, array: np.ndarray) -> np.ndarray:
@@ -128,12 +155,18 @@ class RolloutStager:
         self._host: dict[str, th.Tensor] = {}
         self._device: dict[str, th.Tensor] = {}
 
-    def stage(self, buffer: RolloutBuffer) -> DeviceRollout:
+    def stage(self, buffer: RolloutBuffer, extras: dict[str, np.ndarray] | None = None) -> DeviceRollout:
+        """The buffer's PPO fields on the device, plus ``extras``: an algorithm's own per-sample fields, already
+        flattened to SB3's env-major sample order (see :func:`flat_field`); on a GPU they are copied into persistent
+        device storage like the rest."""
         if self.device.type == "cpu":
             moved = {name: _as_tensors(value) for name, value in rollout_arrays(buffer).items()}
+            staged = {name: _as_tensors(array) for name, array in (extras or {}).items()}
         else:
             moved = {name: self._stage_field(buffer, name) for name in DeviceRollout.SAMPLE_FIELDS}
-        return DeviceRollout(**moved)  # type: ignore[arg-type]
+            staged = {name: self._to_device(f"extra.{name}", th.from_numpy(np.ascontiguousarray(array)), True)
+                      for name, array in (extras or {}).items()}
+        return DeviceRollout(**moved, extras=staged)  # type: ignore[arg-type]
 
     def _stage_field(self, buffer: RolloutBuffer, name: str) -> Observations:
         value = getattr(buffer, DeviceRollout.SOURCES[name])

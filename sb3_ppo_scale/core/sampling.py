@@ -8,8 +8,9 @@ device, so gathering a micro-batch never leaves it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch as th
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
@@ -25,12 +26,42 @@ uniform_order: EpochOrder = UNIFORM_HOOKS.epoch_order
 @dataclass
 class MicroBatch:
     """One micro-batch: its samples, its share of the logical batch, and optional per-sample extras:
-    loss ``weights`` and the rollout policy's distribution parameters ``old_dist``."""
+    loss ``weights`` and the rollout policy's distribution parameters ``old_dist``.
+
+    ``mask`` (bool, one entry per row of ``samples``) marks the real samples of a padded layout (sequences of a
+    recurrent policy); None means every row is a sample. ``rows`` are the rollout indices of the real samples, in
+    the order ``samples[mask]`` lists them (used to place per-sample results back into rollout order).
+    """
 
     samples: Samples
     share: float
     weights: th.Tensor | None = None
     old_dist: th.Tensor | None = None
+    mask: th.Tensor | None = None
+    rows: th.Tensor | None = None
+
+
+class Batch(Protocol):
+    """What an update step needs of a logical minibatch (:class:`LogicalBatch` for samples; an algorithm may cut
+    minibatches otherwise, e.g. into whole sequences)."""
+
+    n_micro: int
+
+    def __len__(self) -> int:
+        """The number of real samples (what shares and advantage statistics count)."""
+        ...
+
+    def advantages(self) -> th.Tensor:
+        """The real samples' raw advantages (normalisation statistics)."""
+        ...
+
+    def micro_batches(self, n_logical: int | None = None) -> Iterator[MicroBatch]:
+        """The micro-batches, each with its share of ``n_logical`` real samples (default: ``len(self)``)."""
+        ...
+
+
+#: what a training loop iterates once per epoch
+Loader = Iterable[Batch]
 
 
 @dataclass
@@ -63,6 +94,7 @@ class LogicalBatch:
                 part.shape[0] / n_logical,
                 weights=self._take(self.rollout.weights, part),
                 old_dist=self._take(self.rollout.old_dist, part),
+                rows=part,
             )
 
     def _take(self, per_sample: th.Tensor | None, part: th.Tensor) -> th.Tensor | None:

@@ -1,0 +1,412 @@
+"""The scale layer: what ScalablePPO adds to SB3's PPO, as a mixin any on-policy PPO algorithm can take.
+
+``class ScalablePPO(ScalableOnPolicyMixin, PPO)`` and sb3-contrib's ``ScalableMaskablePPO`` /
+``ScalableRecurrentPPO`` share everything here: the device-resident rollout, the loader, the update step, the
+objectives and the KL-adaptive rate, the non-finite guard, checkpoint state, the data-parallel reducer and the
+collection hooks. The mixin replaces the algorithm's ``train()``; the algorithm keeps its own collection, policies,
+``predict`` and save format. What differs between algorithms is supplied by overriding a few hooks (section
+"algorithm hooks" below):
+
+- :meth:`~ScalableOnPolicyMixin._rollout_extras`: per-sample fields beyond PPO's six (action masks; LSTM states and
+  episode starts), staged into :class:`~sb3_ppo_scale.core.rollout.DeviceRollout.extras`;
+- :meth:`~ScalableOnPolicyMixin._make_loader`: how a rollout is cut into logical minibatches (samples, or whole
+  sequences) that split into micro-batches;
+- :attr:`~ScalableOnPolicyMixin._evaluator`: how the policy evaluates a micro-batch
+  (:mod:`sb3_ppo_scale.core.evaluation`);
+- :meth:`~ScalableOnPolicyMixin._check_supported`: a clear error for an added argument the algorithm cannot honour.
+
+The mixin must come first in the bases (``class X(ScalableOnPolicyMixin, SomeOnPolicyPPO)``); the algorithm's
+constructor arguments are bound against that base's signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.utils import explained_variance
+
+from sb3_ppo_scale import distributed as data_parallel
+from sb3_ppo_scale.checkpoint import load_checkpoint
+from sb3_ppo_scale.core.checks import check_batching, check_rollout_buffer_kwargs
+from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
+from sb3_ppo_scale.core.compiled import compiled_ppo_loss
+from sb3_ppo_scale.core.config import ScaleConfig
+from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
+from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
+from sb3_ppo_scale.core.guard import NonFiniteGuard
+from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate
+from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
+from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
+from sb3_ppo_scale.core.sampling import Loader, MicroBatch, MinibatchLoader
+from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
+
+
+def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
+    """The on-policy algorithm class that ``cls`` puts the scale layer on (the first after the mixin in its MRO)."""
+    mro = cls.__mro__
+    after = mro[mro.index(ScalableOnPolicyMixin) + 1 :]
+    for base in after:
+        if issubclass(base, OnPolicyAlgorithm):
+            return base
+    raise TypeError(f"{cls.__name__} must list an OnPolicyAlgorithm subclass after ScalableOnPolicyMixin in its bases")
+
+
+class ScalableOnPolicyMixin:
+    """The arguments and the update that :class:`~sb3_ppo_scale.ScalablePPO` adds to SB3's PPO, for any on-policy
+    PPO algorithm (see the module docstring). Their meaning and defaults, as documented for ScalablePPO:
+
+    :param grad_accum_steps: micro-batches per logical minibatch of ``batch_size`` samples (default 1).
+        Gradients of the micro-batches accumulate into one gradient clip and one optimizer step per logical
+        minibatch; the result equals the big-batch update (advantages normalised over the logical minibatch,
+        each micro loss weighted by its share of it, ``target_kl`` decided on the logical minibatch).
+        Peak activation memory scales with ``batch_size / grad_accum_steps``.
+    :param buffer_device: where the rollout lives during ``train()`` (default "auto": the policy's device).
+        The rollout crosses to that device once per rollout and minibatches are gathered there.
+    :param objective: "clip" (default, SB3's PPO-Clip), "kl_penalty" (PPO-Penalty: maximise r * A - beta * KL,
+        no clipping) or "clip_kl_penalty" (both terms, as RLlib does).
+    :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model.
+    :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
+        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.kl.AdaptiveKLCoefficient`); None keeps
+        beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.kl.KL_COEF_BOUNDS`.
+    :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
+    :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
+        (default 1.5), >= 1.
+    :param cuda_graphs: replay every full-size minibatch update (gather, loss, backward, gradient clip, optimizer
+        step) from CUDA graphs (default False). Same kernels, same data, a fraction of the host cost: it pays when
+        the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
+        while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
+        and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`.
+
+    :param learning_rate: as SB3's (a number or a schedule), or ``"kl_adaptive"`` / a
+        :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
+        when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
+        below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
+    :param collect_device: where collection runs the policy for each env step (default "auto": the policy's device,
+        as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
+        a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect`).
+        Saved with the model.
+    :param overlap_collection: on an EnvPool VecEnv, step one half of the envs while the policy runs on the other
+        (default False; see :mod:`sb3_ppo_scale.envs.overlap`: same data distribution as SB3's loop, other random
+        draws). Ignored for envs it does not support.
+    :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
+        optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
+        :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
+        :mod:`sb3_ppo_scale.core.guard`.
+
+    ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
+    (``n_steps * n_envs``).
+    """
+
+    # class defaults: models saved before these arguments existed load with them off
+    cuda_graphs: bool = False
+    compile_loss: bool = False
+    nonfinite: str = "skip"
+    collect_device: str = "auto"
+    overlap_collection: bool = False
+
+    def __init__(
+        self,
+        policy: Any,
+        env: Any,
+        *args: Any,
+        grad_accum_steps: int = 1,
+        buffer_device: str | th.device = "auto",
+        objective: str = "clip",
+        kl_coef: float = 1.0,
+        kl_penalty_target: float | None = 0.01,
+        kl_adapt_factor: float = 2.0,
+        kl_adapt_tolerance: float = 1.5,
+        cuda_graphs: bool = False,
+        compile_loss: bool = False,
+        nonfinite: str = "skip",
+        collect_device: str | th.device = "auto",
+        overlap_collection: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        base_args = inspect.signature(algorithm_base(type(self)).__init__).bind(self, policy, env, *args, **kwargs)
+        base_args.apply_defaults()
+        # before the algorithm's own `batch_size > 1` assertion, so that error reads like every other
+        # (ScaleConfig.validate)
+        check_batching(base_args.arguments["batch_size"], grad_accum_steps, base_args.arguments["normalize_advantage"])
+        # plain attributes, so SB3's save() keeps them; ScaleConfig.of(self) reads them back in _setup_model
+        self.__dict__.update(grad_accum_steps=grad_accum_steps, buffer_device=buffer_device, objective=objective,
+                             kl_coef=kl_coef, kl_penalty_target=kl_penalty_target, kl_adapt_factor=kl_adapt_factor,
+                             kl_adapt_tolerance=kl_adapt_tolerance, cuda_graphs=cuda_graphs, compile_loss=compile_loss,
+                             nonfinite=nonfinite, collect_device=collect_device, overlap_collection=overlap_collection)
+        self._n_grad_steps = 0
+        self._n_nonfinite_steps = 0
+        super().__init__(policy, env, *args, **kwargs)
+        if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning
+            self._config.check_runtime(self, self._buffer_device, data_parallel.world_size())
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    def _setup_model(self) -> None:
+        """The algorithm's set-up plus the scale layer's derived state; the one place the added arguments are validated
+        (it runs at construction and in ``load(..., **kwargs)``)."""
+        self.device = data_parallel.rank_device(self.device)  # cuda:LOCAL_RANK under torchrun
+        self._config = ScaleConfig.of(self)
+        self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
+        self._check_supported(self._config)
+        check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
+        super()._setup_model()
+        self._objective: Objective = self._config.make_objective()
+        self._objective.load_state_dict(self._saved_objective_state())
+        self._rollout_stager: RolloutStager | None = None  # allocated by the first train(): loading allocates nothing
+        self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
+        self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
+        self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
+        self._reducer: Reducer = LOCAL  # data-parallel training replaces it
+        self._collect_device = resolve_collect_device(self.collect_device, self.device)
+        self._collection: CollectionPolicy | None = None  # the policy's copy on _collect_device, made when needed
+        if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
+            self.rollout_buffer = None  # type: ignore[assignment]
+
+    def _setup_lr_schedule(self) -> None:
+        """SB3's, after turning ``learning_rate="kl_adaptive"`` into a :class:`KLAdaptiveLR` (at construction and
+        in ``load(..., learning_rate=...)``)."""
+        self.learning_rate = resolve_learning_rate(self.learning_rate)
+        super()._setup_lr_schedule()
+
+    def _saved_objective_state(self) -> dict[str, Any]:
+        """The objective state a loaded model carries (models saved before objectives were objects kept ``_kl_beta``)."""
+        state = self.__dict__.get("_objective_state")
+        if state is None and "_kl_beta" in self.__dict__:
+            state = {"kl_beta": self.__dict__["_kl_beta"]}
+        return dict(state or {})
+
+    def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
+        self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)
+        # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
+        self._config.check_runtime(self, self._buffer_device, self._reducer.world_size)
+        if self.rollout_buffer is None:
+            self.rollout_buffer = self._build_rollout_buffer()
+        return super()._setup_learn(*args, **kwargs)
+
+    def _build_rollout_buffer(self) -> Any:
+        """The rollout buffer of a model loaded without an env, built when ``learn()`` first needs it."""
+        return self.rollout_buffer_class(  # type: ignore[misc]
+            self.n_steps,
+            self.observation_space,  # type: ignore[arg-type]
+            self.action_space,
+            device=self.device,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            n_envs=self.n_envs,
+            **self.rollout_buffer_kwargs,
+        )
+
+    @property
+    def kl_beta(self) -> float:
+        """The current KL-penalty coefficient (beta), adapted after each ``train()``; saved with the model.
+        ``kl_coef`` for an objective without a KL term."""
+        beta = getattr(self._objective, "beta", None)
+        return float(self.kl_coef) if beta is None else beta.value
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's ``save``, with the objective's state (beta) among the saved attributes."""
+        self._objective_state = self._objective.state_dict()
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def load_checkpoint(cls, path: Any, env: Any, device: str | th.device = "auto", **kwargs: Any) -> Any:
+        """The model of an exact-resume checkpoint, ready to continue training on ``env`` (reset here); continue
+        with :func:`sb3_ppo_scale.checkpoint.learn_resumable` (see :func:`sb3_ppo_scale.checkpoint.load_checkpoint`)."""
+        return load_checkpoint(path, env, device=device, cls=cls, **kwargs)  # type: ignore[return-value]
+
+    def _excluded_save_params(self) -> list[str]:
+        runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_loss", "_config", "_objective", "_guard",
+                   "_reducer", "_kl_beta", "_collect_device", "_collection"]
+        return [*super()._excluded_save_params(), *runtime]
+
+    @property
+    def _hooks(self) -> RolloutHooks:
+        """What the rollout buffer adds to the update (the prioritized buffer's order and weights)."""
+        return rollout_hooks(self.rollout_buffer)
+
+    # ----------------------------------------------------------------------------------------------- collection
+    def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """SB3's ``collect_rollouts`` with the policy run on ``collect_device`` (see that argument); data-parallel
+        ranks then agree on the global ``num_timesteps`` and on whether to go on."""
+        start = self.num_timesteps
+        collected = self._collect_on_device(env, callback, rollout_buffer, n_rollout_steps)
+        return collected if self._reducer.world_size == 1 else data_parallel.after_rollout(self, start, collected)
+
+    def _collect_on_device(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        if self._collect_device == self.device:
+            return self._collect(env, callback, rollout_buffer, n_rollout_steps)
+        if self._collection is None or self._collection.device != self._collect_device:
+            self._collection = CollectionPolicy(self.policy, self._collect_device)
+        with collecting_on(self, self._collection):
+            return self._collect(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """SB3's loop, or the double-buffered EnvPool one with ``overlap_collection``."""
+        if self.overlap_collection and overlap_supported(self, env):
+            return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    # ----------------------------------------------------------------------------------------------- algorithm hooks
+    # What differs between on-policy PPO algorithms. The defaults are SB3 PPO's; sb3-contrib's classes override them.
+    def _check_supported(self, config: ScaleConfig) -> None:
+        """Raise ValueError naming an added argument this algorithm cannot honour (default: all are supported)."""
+
+    def _rollout_extras(self, buffer: Any) -> dict[str, np.ndarray]:
+        """The algorithm's own per-sample rollout fields, flattened to SB3's env-major order (default: none)."""
+        return {}
+
+    def _make_loader(self, rollout: DeviceRollout, batch_size: int, shuffle: bool = True) -> Loader:
+        """How the rollout is cut into logical minibatches of ``batch_size`` samples each epoch (default: SB3 PPO's
+        permutation, or the buffer's hooks' order, sliced into samples)."""
+        return MinibatchLoader(rollout, batch_size, self.grad_accum_steps if shuffle else 1, shuffle=shuffle,
+                               target_device=self.device, order=self._hooks.epoch_order)
+
+    @property
+    def _evaluator(self) -> Evaluator:
+        """How the policy evaluates a micro-batch (default: ``policy.evaluate_actions(obs, actions)``)."""
+        return evaluate_actions
+
+    def _rollout_chunks(self, rollout: DeviceRollout) -> Iterator[MicroBatch]:
+        """Micro-batches covering the rollout once, in rollout order, at most a micro-batch's worth of samples each
+        (for the no-grad passes of the KL measurement)."""
+        for batch in self._make_loader(rollout, self._micro_batch_size, shuffle=False):
+            yield from batch.micro_batches()
+
+    # ----------------------------------------------------------------------------------------------- update
+    def train(self) -> None:
+        """One update phase: ``n_epochs`` passes over the rollout in logical minibatches of ``batch_size``."""
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+        settings = self._loss_settings()
+        with distribution_validation(False):
+            rollout = self._prepare_rollout(settings)
+            batch_size = data_parallel.local_batch_size(self, len(rollout))  # batch_size / world_size per rank
+            loader = self._make_loader(rollout, batch_size)
+            step = self._update_step(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
+            try:
+                stats = self._run_epochs(loader, step)
+            finally:
+                step.close()
+            measured_kl = self._measure_kl(rollout, settings) if self._adapts_to_kl(settings) else None
+        self._record(stats, settings, measured_kl)
+
+    @property
+    def _micro_batch_size(self) -> int:
+        return -(-self.batch_size // self.grad_accum_steps)
+
+    def _loss_settings(self) -> LossSettings:
+        progress = self._current_progress_remaining
+        clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))  # type: ignore[operator]
+        return LossSettings(
+            clip_range=float(self.clip_range(progress)),  # type: ignore[operator]
+            clip_range_vf=clip_range_vf,
+            ent_coef=float(self.ent_coef),
+            vf_coef=float(self.vf_coef),
+            discrete_actions=isinstance(self.action_space, spaces.Discrete),
+            objective=self._objective,
+            kl_coef=self.kl_beta,
+            kl_estimator=kl_estimator(self.policy.action_dist),
+            evaluator=self._evaluator,
+        )
+
+    def _stage_rollout(self) -> DeviceRollout:
+        """The rollout buffer's contents on the buffer device (as staged, before the buffer's hooks)."""
+        if self._rollout_stager is None:
+            self._rollout_stager = RolloutStager(self._buffer_device)
+        return self._rollout_stager.stage(self.rollout_buffer, self._rollout_extras(self.rollout_buffer))
+
+    def _prepare_rollout(self, settings: LossSettings) -> DeviceRollout:
+        """Stage, let the buffer prepare it, and add the rollout policy's distribution where the loss needs it."""
+        rollout = self._hooks.prepare_rollout(self._stage_rollout())
+        if settings.terms.needs_old_dist(settings.kl_estimator):
+            rollout.old_dist = rollout_distribution_params(
+                self.policy, self._rollout_chunks(rollout), self._evaluator, len(rollout), rollout.device
+            )
+        return rollout
+
+    def _update_step(self, settings: LossSettings, n_full_batches: int) -> UpdateStep | CudaGraphStep:
+        step_settings = StepSettings(float(self.max_grad_norm), bool(self.normalize_advantage), self.target_kl)
+        self._guard.begin()
+        step = UpdateStep(self.policy, self._loss, settings, step_settings, self._guard, self._reducer)
+        if not self.cuda_graphs:
+            return step
+        return CudaGraphStep(step, self.batch_size, n_full_batches, self._graph_cache)
+
+    def _run_epochs(self, loader: Loader, step: UpdateStep | CudaGraphStep) -> TrainStats:
+        """``n_epochs`` passes over ``loader``, each logical minibatch one ``step``; stops early at ``target_kl``."""
+        stats = TrainStats()
+        for epoch in range(self.n_epochs):
+            for batch in loader:
+                batch_stats, stepped = step(batch)
+                stats.add(batch_stats, epoch)
+                if not stepped:
+                    self._n_updates += 1
+                    if self.verbose >= 1:
+                        print(f"Early stopping at step {self._n_updates - 1} due to reaching max kl: {stats.last_kl():.2f}")
+                    return stats
+                self._n_grad_steps += 1
+            self._n_updates += 1
+        return stats
+
+    def _adapts_to_kl(self, settings: LossSettings) -> bool:
+        """Something adapts to the KL measured after the update: the KL-penalty beta or the learning rate."""
+        return settings.penalises_kl or isinstance(self.learning_rate, KLAdaptiveLR)
+
+    def _measure_kl(self, rollout: DeviceRollout, settings: LossSettings) -> th.Tensor:
+        """Mean KL(pi_old || pi_updated) over the whole rollout, as a device scalar (the penalty's estimator; k3 when
+        only the learning rate adapts, which needs no rollout distribution)."""
+        estimator = settings.kl_estimator if settings.penalises_kl else K3
+        kl = mean_rollout_kl(self.policy, self._rollout_chunks(rollout), self._evaluator, len(rollout), estimator)
+        return data_parallel.global_mean_kl(self, kl, len(rollout))  # all ranks adapt on the same KL
+
+    def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
+        """Log every key PPO logs, with the same meaning, after a single device-to-host sync; then adapt beta."""
+        extra = {"nonfinite_skipped": self._guard.skipped, "nonfinite_consecutive": self._guard.consecutive}
+        if measured_kl is not None:
+            extra["kl"] = measured_kl
+        if hasattr(self.policy, "log_std"):
+            extra["std"] = th.exp(self.policy.log_std).mean().detach()
+        summary = stats.summary(extra)
+        self._count_nonfinite(int(summary["nonfinite_skipped"]), int(summary["nonfinite_consecutive"]))
+        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "loss"):
+            self.logger.record(f"train/{name}", summary[name])
+        values, returns = self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten()
+        self.logger.record("train/explained_variance", explained_variance(values, returns))
+        if "std" in summary:
+            self.logger.record("train/std", summary["std"])
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/n_grad_steps", self._n_grad_steps)
+        self.logger.record("train/clip_range", settings.clip_range)
+        if settings.clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", settings.clip_range_vf)
+        for key, value in self._hooks.train_log().items():  # e.g. train/retained_fraction
+            self.logger.record(key, value)
+        if measured_kl is not None:
+            self._adapt_to_kl(summary["kl"], settings)
+
+    def _count_nonfinite(self, skipped: int, consecutive: int) -> None:
+        """Logged from the first skipped step on (a run without any logs exactly PPO's keys)."""
+        self._n_nonfinite_steps += skipped
+        if self._n_nonfinite_steps:
+            self.logger.record("train/nonfinite_steps", self._n_nonfinite_steps)
+        if self._guard.on_device:
+            self._guard.check_after_train(skipped, consecutive)
+
+    def _adapt_to_kl(self, measured_kl: float, settings: LossSettings) -> None:
+        """Log the KL measured after the update, then adapt the KL-penalty beta (logging the beta this update used)
+        and the KL-adaptive learning rate (used from the next update on)."""
+        self.logger.record("train/kl", measured_kl)
+        if settings.penalises_kl:
+            self.logger.record("train/kl_coef", settings.kl_coef)
+            self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
+            self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]
+        if isinstance(self.learning_rate, KLAdaptiveLR):
+            self.learning_rate.adapt(measured_kl)
