@@ -1,0 +1,131 @@
+"""ScalableMaskablePPO: sb3-contrib's ``MaskablePPO`` with the scale layer.
+
+Identical by default: collection, policies, ``predict`` and save format are MaskablePPO's; ``train()`` is the
+shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in
+its order. What masking adds to that update is supplied here:
+
+- the rollout's ``action_masks`` are staged with the rest of the rollout (``DeviceRollout.extras``) and gathered into
+  sb3-contrib's ``MaskableRolloutBufferSamples``, so they live on ``buffer_device`` (and in CUDA graphs' static
+  gathers) like every other field;
+- :func:`evaluate_masked` evaluates a micro-batch with the masked distribution, in the loss and in every KL
+  measurement (masked logits are -1e8, never -inf: no objective produces NaN from them);
+- masks are checked (:mod:`sb3_ppo_scale.contrib.masks`) where they enter: each collection step's
+  ``env.action_masks()`` and ``predict(..., action_masks=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch as th
+from sb3_contrib import MaskablePPO
+from sb3_contrib.common.maskable.buffers import (
+    MaskableDictRolloutBuffer,
+    MaskableDictRolloutBufferSamples,
+    MaskableRolloutBuffer,
+    MaskableRolloutBufferSamples,
+)
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.utils import is_vectorized_observation
+
+from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
+from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
+from sb3_ppo_scale.core.config import ScaleConfig
+from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator, evaluate_with_distribution
+from sb3_ppo_scale.core.rollout import DeviceRollout, SampleTypes, flat_field
+
+#: what a masked rollout's gather returns: SB3's six fields, then ``action_masks``
+MASKABLE_SAMPLES = SampleTypes(MaskableRolloutBufferSamples, MaskableDictRolloutBufferSamples)
+_MASK_BUFFERS = (MaskableRolloutBuffer, MaskableDictRolloutBuffer)
+
+
+def evaluate_masked(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, with_distribution: bool) -> Evaluation:
+    """MaskablePPO's evaluation: ``policy.evaluate_actions(obs, actions, action_masks=...)`` with the micro-batch's
+    masks (or the same operations returning the masked distribution)."""
+    data = micro.samples
+    if with_distribution:
+        return evaluate_with_distribution(policy, data.observations, actions, action_masks=data.action_masks)
+    values, log_prob, entropy = policy.evaluate_actions(data.observations, actions, action_masks=data.action_masks)
+    return values, log_prob, entropy, None
+
+
+class _CheckedMaskablePPO(MaskablePPO):
+    """MaskablePPO whose collection checks every step's masks (:class:`MaskCheckingVecEnv`) and takes
+    ``use_masking`` from the model when the scale layer's collection path calls it with four arguments."""
+
+    _use_masking: bool = True  # set per rollout by ScalableMaskablePPO.collect_rollouts
+
+    def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
+                         use_masking: bool | None = None) -> bool:
+        use_masking = self._use_masking if use_masking is None else use_masking
+        checked = MaskCheckingVecEnv(env, self.action_space) if use_masking else env
+        return super().collect_rollouts(checked, callback, rollout_buffer, n_rollout_steps, use_masking)
+
+
+class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
+    """Proximal Policy Optimization with invalid-action masking: ``sb3_contrib.MaskablePPO`` with ScalablePPO's
+    additions.
+
+    Takes every argument of :class:`sb3_contrib.MaskablePPO` (same names, positions and defaults) and trains
+    identically with the defaults; plus every argument ScalablePPO adds (``grad_accum_steps``, ``buffer_device``,
+    ``objective``, ``kl_coef`` ..., ``learning_rate="kl_adaptive"``, ``cuda_graphs``, ``compile_loss``,
+    ``nonfinite``, ``collect_device``), documented on :class:`~sb3_ppo_scale.ScalablePPO`. Not supported, with a
+    clear error: ``overlap_collection`` (the EnvPool collector does not read masks) and a rollout buffer without
+    masks (e.g. the prioritized buffer).
+
+    ``learn(..., use_masking=False)`` and ``predict(..., action_masks=...)`` behave as MaskablePPO's; masks of the
+    wrong size, or with a row that allows no action, raise ValueError naming the argument.
+    """
+
+    def _check_supported(self, config: ScaleConfig) -> None:
+        if config.overlap_collection:
+            raise ValueError("overlap_collection=True is not supported by ScalableMaskablePPO (the EnvPool collector "
+                             "does not read action masks); pass overlap_collection=False")
+        buffer_class = self.rollout_buffer_class
+        if buffer_class is not None and not issubclass(buffer_class, _MASK_BUFFERS):
+            raise ValueError(f"rollout_buffer_class must store action masks (a subclass of MaskableRolloutBuffer or "
+                             f"MaskableDictRolloutBuffer) for ScalableMaskablePPO, got {buffer_class.__name__}")
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_use_masking"]
+
+    def _rollout_extras(self, buffer: Any) -> dict[str, np.ndarray]:
+        return {"action_masks": flat_field(buffer, buffer.action_masks)}
+
+    def _stage_rollout(self) -> DeviceRollout:
+        rollout = super()._stage_rollout()
+        return dataclasses.replace(rollout, sample_types=MASKABLE_SAMPLES, sample_extras=("action_masks",))
+
+    @property
+    def _evaluator(self) -> Evaluator:
+        return evaluate_masked
+
+    def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
+                         use_masking: bool = True) -> bool:
+        """MaskablePPO's collection (``use_masking`` as there) through the scale layer's collection path."""
+        self._use_masking = use_masking
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def predict(  # type: ignore[override]
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+        action_masks: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """MaskablePPO's ``predict``, after checking ``action_masks`` (one mask per observation)."""
+        if action_masks is not None:
+            check_action_masks(action_masks, self.action_space, _n_observations(observation, self.observation_space),
+                               "action_masks")
+        return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
+
+
+def _n_observations(observation: Any, observation_space: Any) -> int:
+    """How many observations ``observation`` holds (1 for a single, unbatched one)."""
+    if not is_vectorized_observation(observation, observation_space):
+        return 1
+    first = next(iter(observation.values())) if isinstance(observation, dict) else observation
+    return len(first)
