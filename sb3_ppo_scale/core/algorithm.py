@@ -22,6 +22,7 @@ constructor arguments are bound against that base's signature.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +42,7 @@ from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
 from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate
 from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
@@ -249,10 +251,23 @@ class ScalableOnPolicyMixin:
             return self._collect(env, callback, rollout_buffer, n_rollout_steps)
 
     def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
-        """SB3's loop, or the double-buffered EnvPool one with ``overlap_collection``."""
+        """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.lean_collect`), the double-buffered EnvPool
+        one with ``overlap_collection``, or the algorithm's own where the lean loop cannot promise its numbers."""
         if self.overlap_collection and overlap_supported(self, env):
             return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+        if self._collects_lean():
+            return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _collects_lean(self) -> bool:
+        """Whether the lean loop replaces the algorithm's: only SB3's own ``collect_rollouts`` (sb3-contrib's classes
+        collect masks or LSTM states their way), and only for a policy it can run exactly (else a warning, once)."""
+        if algorithm_base(type(self)).collect_rollouts is not OnPolicyAlgorithm.collect_rollouts:
+            return False
+        blocker = lean_blocker(self)
+        if blocker is not None:
+            warnings.warn(f"{type(self).__name__} collects with SB3's loop, not the lean one: {blocker}", stacklevel=3)
+        return blocker is None
 
     # ----------------------------------------------------------------------------------------------- algorithm hooks
     # What differs between on-policy PPO algorithms. The defaults are SB3 PPO's; sb3-contrib's classes override them.

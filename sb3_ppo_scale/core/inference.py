@@ -1,0 +1,240 @@
+"""One collection step's policy call, ``policy(obs)``, without SB3's per-call overhead and with the same numbers.
+
+SB3's ``ActorCriticPolicy.forward`` goes through a dozen ``nn.Module.__call__`` dispatches, builds a torch
+``Distribution`` (with argument validation) and then samples from it and scores the sample. On a small MLP and one
+env that costs several times the ops themselves. :class:`FusedActorCritic` runs the *same* tensor operations, in
+the same order, with the same random-number draws, straight from the policy's own parameters:
+
+- features: SB3's ``preprocess_obs``, then ``flatten(1)`` for a ``FlattenExtractor`` (the extractor module
+  otherwise);
+- the actor and critic MLPs: each layer of ``mlp_extractor.policy_net`` / ``value_net`` called directly
+  (``F.linear`` on the layer's own weight and bias; other layers through their ``forward``);
+- the distribution: a :class:`ActionSampler` per SB3 distribution, doing what torch's ``Normal`` /
+  ``Categorical`` / ``Bernoulli`` do in ``sample`` and ``log_prob`` (the standard-normal draws ``torch.normal``
+  makes, scaled and shifted as it does; ``torch.multinomial`` and ``torch.bernoulli`` on the same inputs). Quantities that depend only on parameters (the Gaussian's standard
+  deviation, its log and its doubled variance) are computed once per rollout, with the same operations.
+
+Every output is bit-identical to ``policy(obs)`` and leaves the torch RNG in the same state; tests/test_lean_collect.py
+proves it per action space. Distributions without a fused sampler (gSDE) use the policy's own distribution object;
+:func:`fusion_blocker` names what makes a policy unsafe to fuse (a custom policy class or forward, module hooks),
+and collection then runs SB3's loop.
+
+The step reads the parameters at construction time by reference: build one per rollout (parameters change only
+in ``train()``; an optimizer updates them in place).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch as th
+import torch.nn.functional as F
+from gymnasium import spaces
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    MultiCategoricalDistribution,
+)
+from stable_baselines3.common.policies import ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy
+from stable_baselines3.common.preprocessing import preprocess_obs
+from stable_baselines3.common.torch_layers import FlattenExtractor, MlpExtractor
+
+Layer = Callable[[th.Tensor], th.Tensor]
+#: log(sqrt(2 pi)), the constant torch's Normal.log_prob subtracts
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+#: The policy classes whose forward is SB3's ActorCriticPolicy.forward, unchanged.
+FUSIBLE_POLICIES = (ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy)
+#: Methods of ActorCriticPolicy that the fused step replaces; a subclass overriding one is not fused.
+_REPLACED_METHODS = ("forward", "extract_features", "_get_action_dist_from_latent")
+
+
+def fusion_blocker(policy: th.nn.Module) -> str | None:
+    """Why ``policy(obs)`` cannot be replaced by :class:`FusedActorCritic` exactly, or None when it can."""
+    if type(policy) not in FUSIBLE_POLICIES:
+        if not isinstance(policy, ActorCriticPolicy):
+            return f"policy class {type(policy).__name__} is not an SB3 ActorCriticPolicy"
+        overridden = [name for name in _REPLACED_METHODS
+                      if getattr(type(policy), name) is not getattr(ActorCriticPolicy, name)]
+        if overridden:
+            return f"policy class {type(policy).__name__} overrides {', '.join(overridden)}"
+    if type(policy.mlp_extractor) is not MlpExtractor:
+        return f"mlp_extractor {type(policy.mlp_extractor).__name__} is not SB3's MlpExtractor"
+    if th.nn.modules.module._global_forward_hooks or th.nn.modules.module._global_forward_pre_hooks:
+        return "global nn.Module forward hooks are registered"
+    hooked = [name for name, module in policy.named_modules() if module._forward_hooks or module._forward_pre_hooks]
+    if hooked:
+        return f"forward hooks on {hooked[0] or 'the policy'}"
+    return None
+
+
+def _direct(layer: th.nn.Module) -> Layer:
+    """``layer``'s computation without ``nn.Module.__call__`` (exactly what its ``forward`` does)."""
+    if type(layer) is th.nn.Linear:
+        weight, bias = layer.weight, layer.bias
+        return lambda x: F.linear(x, weight, bias)
+    if type(layer) is th.nn.Tanh:
+        return th.tanh
+    if type(layer) is th.nn.ReLU and not layer.inplace:
+        return th.relu
+    return layer.forward
+
+
+def _leaves(module: th.nn.Module) -> list[th.nn.Module]:
+    """The layers an ``nn.Sequential`` (possibly nested) applies in order; any other module is one layer."""
+    if type(module) is th.nn.Sequential:
+        return [leaf for child in module for leaf in _leaves(child)]
+    return [module]
+
+
+def _chain(module: th.nn.Module) -> Layer:
+    layers = [_direct(leaf) for leaf in _leaves(module)]
+    if not layers:
+        return lambda x: x
+
+    def run(x: th.Tensor) -> th.Tensor:
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ samplers
+class ActionSampler:
+    """Samples actions from the action net's output and scores them, as SB3's distribution would."""
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """(actions, log_prob) for one batch of observations."""
+        raise NotImplementedError
+
+
+class GaussianSampler(ActionSampler):
+    """``DiagGaussianDistribution``: ``Normal(mean, ones_like(mean) * exp(log_std))``, sample, summed log_prob."""
+
+    def __init__(self, log_std: th.Tensor) -> None:
+        self.log_std = log_std
+        self._rows = -1
+
+    def _prepare(self, mean: th.Tensor) -> None:
+        """The scale and the log_prob terms that depend on parameters only, for ``len(mean)`` rows."""
+        self.scale = th.ones_like(mean) * self.log_std.exp()
+        self.two_var = 2 * self.scale**2
+        self.log_scale = self.scale.log()
+        self._rows = mean.shape[0]
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        if mean_actions.shape[0] != self._rows:
+            self._prepare(mean_actions)
+        # what th.normal(mean, scale) computes (standard normal draws, * scale, + mean), without its std >= 0 check
+        actions = th.empty_like(mean_actions).normal_(0, 1).mul_(self.scale).add_(mean_actions)
+        log_prob = -((actions - mean_actions) ** 2) / self.two_var - self.log_scale - _LOG_SQRT_2PI
+        return actions, log_prob.sum(dim=1)
+
+
+def _categorical(logits: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    """torch's ``Categorical(logits=...)``: normalised logits, one multinomial draw per row, the draw's log-prob."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probs = F.softmax(normalized, dim=-1)
+    actions = th.multinomial(probs, 1, True).T.reshape(probs.shape[:-1])
+    return actions, normalized.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+class CategoricalSampler(ActionSampler):
+    """``CategoricalDistribution``."""
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        return _categorical(mean_actions)
+
+
+class MultiCategoricalSampler(ActionSampler):
+    """``MultiCategoricalDistribution``: one categorical per dimension, sampled in order, log-probs summed."""
+
+    def __init__(self, action_dims: list[int]) -> None:
+        self.action_dims = list(action_dims)
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        drawn = [_categorical(logits) for logits in th.split(mean_actions, self.action_dims, dim=1)]
+        actions = th.stack([action for action, _ in drawn], dim=1)
+        return actions, th.stack([log_prob for _, log_prob in drawn], dim=1).sum(dim=1)
+
+
+class BernoulliSampler(ActionSampler):
+    """``BernoulliDistribution``: ``bernoulli(sigmoid(logits))``, log-prob ``-BCE-with-logits`` summed."""
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        actions = th.bernoulli(th.sigmoid(mean_actions))
+        log_prob = -F.binary_cross_entropy_with_logits(mean_actions, actions, reduction="none")
+        return actions, log_prob.sum(dim=1)
+
+
+class DistributionSampler(ActionSampler):
+    """Any other SB3 distribution (gSDE): the policy's own distribution object, as ``forward`` uses it."""
+
+    def __init__(self, policy: ActorCriticPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        distribution = self.policy._get_action_dist_from_latent(latent_pi)
+        actions = distribution.get_actions()
+        return actions, distribution.log_prob(actions)
+
+
+def make_sampler(policy: ActorCriticPolicy) -> ActionSampler:
+    """The fused sampler of ``policy.action_dist`` (:class:`DistributionSampler` for any other kind)."""
+    dist = policy.action_dist
+    if type(dist) is DiagGaussianDistribution:
+        return GaussianSampler(policy.log_std)
+    if type(dist) is CategoricalDistribution:
+        return CategoricalSampler()
+    if type(dist) is MultiCategoricalDistribution:
+        return MultiCategoricalSampler(dist.action_dims)
+    if type(dist) is BernoulliDistribution:
+        return BernoulliSampler()
+    return DistributionSampler(policy)
+
+
+# ------------------------------------------------------------------------------------------------ the step
+class FusedActorCritic:
+    """``policy(obs)`` (sampled actions, values, log-probs), computed without module dispatch or Distribution objects.
+
+    :param policy: an SB3 actor-critic policy for which :func:`fusion_blocker` returns None; its parameters are read
+        by reference, so build one per rollout.
+    """
+
+    def __init__(self, policy: ActorCriticPolicy) -> None:
+        self.policy = policy
+        self.action_shape = policy.action_space.shape
+        self.actor = _chain(policy.mlp_extractor.policy_net)
+        self.critic = _chain(policy.mlp_extractor.value_net)
+        self.action_net = _direct(policy.action_net)
+        self.value_net = _direct(policy.value_net)
+        self.sampler = make_sampler(policy)
+        self._pi_features, self._vf_features = self._feature_functions(policy)
+
+    def _feature_functions(self, policy: ActorCriticPolicy) -> tuple[Callable[[Any], th.Tensor], Callable[[Any], th.Tensor]]:
+        """Observation -> features for the actor and for the critic (the same function when the extractor is shared)."""
+        space, normalize = policy.observation_space, policy.normalize_images
+        flat = isinstance(space, spaces.Box) and not (normalize and len(space.shape) == 3)
+
+        def features_with(extractor: th.nn.Module) -> Callable[[Any], th.Tensor]:
+            if type(extractor) is FlattenExtractor and type(extractor.flatten) is th.nn.Flatten and flat \
+                    and (extractor.flatten.start_dim, extractor.flatten.end_dim) == (1, -1):
+                return lambda obs: obs.float().flatten(1)  # preprocess_obs(Box) then nn.Flatten()
+            return lambda obs: extractor(preprocess_obs(obs, space, normalize_images=normalize))
+
+        if policy.share_features_extractor:
+            shared = features_with(policy.features_extractor)
+            return shared, shared
+        return features_with(policy.pi_features_extractor), features_with(policy.vf_features_extractor)
+
+    def __call__(self, obs: th.Tensor | dict[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        pi_features = self._pi_features(obs)
+        vf_features = pi_features if self._vf_features is self._pi_features else self._vf_features(obs)
+        latent_pi = self.actor(pi_features)
+        latent_vf = self.critic(vf_features)
+        values = self.value_net(latent_vf)
+        actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi)
+        return actions.reshape((-1, *self.action_shape)), values, log_prob

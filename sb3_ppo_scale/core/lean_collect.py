@@ -1,0 +1,131 @@
+"""Lean collection: SB3's ``OnPolicyAlgorithm.collect_rollouts``, step for step, at a fraction of its per-step cost.
+
+The loop below is SB3's (same statements, same order, same random draws), with four changes that leave every
+number as it was:
+
+- the policy call is :class:`~sb3_ppo_scale.core.inference.FusedActorCritic` (same tensor operations and RNG calls
+  as ``policy(obs)``, without module dispatch or Distribution objects), under ``torch.inference_mode``;
+- a plain ``RolloutBuffer`` is written in place (what ``RolloutBuffer.add`` stores, without its per-call
+  conversions); any other buffer class gets its own ``add``;
+- the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
+- the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
+  ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
+  ``clipped_actions``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's loop has.
+
+:func:`lean_blocker` says when the lean loop cannot promise SB3's numbers (a custom policy class or forward, module
+hooks); the model then runs SB3's loop and logs why once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.utils import obs_as_tensor
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
+
+
+def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
+    """Why ``model``'s rollouts cannot be collected by :func:`collect_rollouts_lean` exactly, or None."""
+    return fusion_blocker(model.policy)
+
+
+def _writes_in_place(buffer: RolloutBuffer) -> bool:
+    """A buffer whose ``add`` is ``RolloutBuffer.add`` with a flat (non-dict) observation array."""
+    return type(buffer).add is RolloutBuffer.add and isinstance(buffer.observations, np.ndarray)
+
+
+def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+           episode_starts: np.ndarray, values: th.Tensor, log_probs: th.Tensor) -> None:
+    """What ``RolloutBuffer.add`` stores, written straight into its arrays (values cast on assignment, as there)."""
+    pos = buffer.pos
+    if isinstance(buffer.observation_space, spaces.Discrete):
+        obs = obs.reshape((buffer.n_envs, *buffer.obs_shape))
+    buffer.observations[pos] = obs
+    buffer.actions[pos] = actions.reshape((buffer.n_envs, buffer.action_dim))
+    buffer.rewards[pos] = rewards
+    buffer.episode_starts[pos] = episode_starts
+    buffer.values[pos] = values.cpu().numpy().flatten()
+    buffer.log_probs[pos] = log_probs.cpu().numpy()
+    buffer.pos += 1
+    if buffer.pos == buffer.buffer_size:
+        buffer.full = True
+
+
+def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
+                          n_rollout_steps: int) -> bool:
+    """SB3's ``collect_rollouts`` (same arguments, same return, same buffer contents and RNG draws) for a model
+    for which :func:`lean_blocker` is None. ``self`` is the model, so callbacks find it under the name SB3 uses."""
+    assert self._last_obs is not None, "No previous observation was provided"
+    self.policy.set_training_mode(False)
+
+    n_steps = 0
+    rollout_buffer.reset()
+    if self.use_sde:
+        self.policy.reset_noise(env.num_envs)
+
+    callback.on_rollout_start()
+    act = FusedActorCritic(self.policy)  # after on_rollout_start: a callback may have changed the parameters
+    in_place = _writes_in_place(rollout_buffer)
+    box = isinstance(self.action_space, spaces.Box)
+    squash = box and self.policy.squash_output
+    low, high = (self.action_space.low, self.action_space.high) if box else (None, None)
+
+    while n_steps < n_rollout_steps:
+        if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
+            self.policy.reset_noise(env.num_envs)
+
+        with th.inference_mode():
+            obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+            actions, values, log_probs = act(obs_tensor)
+        actions = actions.cpu().numpy()
+
+        clipped_actions = actions
+        if box:
+            clipped_actions = self.policy.unscale_action(clipped_actions) if squash else np.clip(actions, low, high)
+
+        new_obs, rewards, dones, infos = env.step(clipped_actions)
+
+        self.num_timesteps += env.num_envs
+
+        callback.update_locals(locals())
+        if not callback.on_step():
+            return False
+
+        self._update_info_buffer(infos, dones)
+        n_steps += 1
+
+        if isinstance(self.action_space, spaces.Discrete):
+            actions = actions.reshape(-1, 1)
+
+        for idx in np.flatnonzero(dones) if dones.any() else ():  # only ended episodes can bootstrap
+            if infos[idx].get("terminal_observation") is not None and infos[idx].get("TimeLimit.truncated", False):
+                terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
+                with th.no_grad():
+                    terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+                rewards[idx] += self.gamma * terminal_value
+
+        if in_place:
+            _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
+        else:
+            rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
+        self._last_obs = new_obs  # type: ignore[assignment]
+        self._last_episode_starts = dones
+
+    with th.no_grad():
+        values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+
+    rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+
+    callback.update_locals(locals())
+
+    callback.on_rollout_end()
+
+    return True
