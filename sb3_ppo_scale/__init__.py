@@ -1,9 +1,9 @@
 """sb3-ppo-scale: PPO for Stable-Baselines3 that trains at scale."""
 
 from sb3_ppo_scale.core.ppo import ScalablePPO
-from sb3_ppo_scale.contrib import ScalableMaskablePPO
+from sb3_ppo_scale.contrib import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.buffers.prioritized import PrioritizedRolloutBuffer
 from sb3_ppo_scale.core.sampling import MinibatchLoader
 
-__all__ = ["ScalablePPO", "ScalableMaskablePPO", "MinibatchLoader", "PrioritizedRolloutBuffer"]
+__all__ = ["ScalablePPO", "ScalableMaskablePPO", "ScalableRecurrentPPO", "MinibatchLoader", "PrioritizedRolloutBuffer"]
 __version__ = "0.1.0"

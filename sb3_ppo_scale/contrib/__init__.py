@@ -3,5 +3,6 @@
 ``sb3_contrib.RecurrentPPO``). See docs/contrib.md."""
 
 from sb3_ppo_scale.contrib.maskable import ScalableMaskablePPO
+from sb3_ppo_scale.contrib.recurrent import ScalableRecurrentPPO
 
-__all__ = ["ScalableMaskablePPO"]
+__all__ = ["ScalableMaskablePPO", "ScalableRecurrentPPO"]

@@ -1,0 +1,171 @@
+"""ScalableRecurrentPPO: sb3-contrib's ``RecurrentPPO`` with the scale layer, and an opt-in batched LSTM update.
+
+Identical by default: collection, policies, ``predict`` and save format are RecurrentPPO's; ``train()`` is the shared
+update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) over contrib's minibatches of padded sequences
+(:mod:`sb3_ppo_scale.contrib.sequences`), with RecurrentPPO's masked means and its per-step LSTM loop
+(``RecurrentActorCriticPolicy._process_sequence``).
+
+``batched_sequences=True`` runs each micro-batch's sequences through each ``nn.LSTM`` as one call instead
+(:func:`batched_sequence`): the episode-start reset is applied to the initial states (every episode start is the
+first step of its sequence), so there is no Python loop over time steps. The forward values are the loop's; the
+gradients are summed in another order (one input-projection GEMM over all steps instead of one per step), so the
+parameters differ from the loop's by float rounding only (measured in tests/test_contrib_recurrent.py and
+docs/contrib.md). It is therefore opt-in, as ``compile_loss`` is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from sb3_contrib import RecurrentPPO
+from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceLoader, sequence_starts
+from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
+from sb3_ppo_scale.core.collect import resolve_collect_device
+from sb3_ppo_scale.core.config import ScaleConfig
+from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator
+from sb3_ppo_scale.core.rollout import DeviceRollout, flat_field
+from sb3_ppo_scale.core.sampling import Loader
+
+
+def batched_sequence(features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor,
+                     lstm: th.nn.LSTM) -> th.Tensor:
+    """The LSTM output of padded sequences in one ``nn.LSTM`` call, shape ``(n_seq * max_len, hidden)``.
+
+    ``features`` is ``(n_seq * max_len, input)`` in contrib's padded layout, ``lstm_states`` the initial
+    ``(hidden, cell)`` of each sequence, ``episode_starts`` ``(n_seq * max_len,)``. Only a sequence's first step may
+    be an episode start (:mod:`sb3_ppo_scale.contrib.sequences` cuts them so); its reset multiplies the initial
+    states by ``1 - start``, exactly the operation contrib's loop applies at that step.
+    """
+    n_seq = lstm_states[0].shape[1]
+    sequence = features.reshape((n_seq, -1, lstm.input_size)).swapaxes(0, 1)
+    keep = (1.0 - episode_starts.reshape((n_seq, -1))[:, 0]).view(1, n_seq, 1)
+    output, _ = lstm(sequence, (keep * lstm_states[0], keep * lstm_states[1]))
+    return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1)
+
+
+def _per_step(policy: Any) -> Any:
+    return lambda features, states, starts, lstm: policy._process_sequence(features, states, starts, lstm)[0]
+
+
+def _evaluate(policy: Any, data: Any, actions: th.Tensor, process: Any) -> Evaluation:
+    """``RecurrentActorCriticPolicy.evaluate_actions``'s operations, with ``process`` running each LSTM, returning the
+    distribution too."""
+    features = policy.extract_features(data.observations)
+    pi_features, vf_features = (features, features) if policy.share_features_extractor else features
+    latent_pi = process(pi_features, data.lstm_states.pi, data.episode_starts, policy.lstm_actor)
+    if policy.lstm_critic is not None:
+        latent_vf = process(vf_features, data.lstm_states.vf, data.episode_starts, policy.lstm_critic)
+    elif policy.shared_lstm:
+        latent_vf = latent_pi.detach()
+    else:
+        latent_vf = policy.critic(vf_features)
+    latent_pi = policy.mlp_extractor.forward_actor(latent_pi)
+    latent_vf = policy.mlp_extractor.forward_critic(latent_vf)
+    distribution = policy._get_action_dist_from_latent(latent_pi)
+    log_prob = distribution.log_prob(actions)
+    values = policy.value_net(latent_vf)
+    return values, log_prob, distribution.entropy(), distribution
+
+
+def evaluate_recurrent(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, with_distribution: bool) -> Evaluation:
+    """RecurrentPPO's evaluation: ``policy.evaluate_actions(obs, actions, lstm_states, episode_starts)`` (contrib's
+    per-step loop), or the same operations returning the distribution."""
+    data = micro.samples
+    if with_distribution:
+        return _evaluate(policy, data, actions, _per_step(policy))
+    values, log_prob, entropy = policy.evaluate_actions(  # type: ignore[call-arg]
+        data.observations, actions, data.lstm_states, data.episode_starts
+    )
+    return values, log_prob, entropy, None
+
+
+def evaluate_batched(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, with_distribution: bool) -> Evaluation:
+    """RecurrentPPO's evaluation with every LSTM run as one batched call per micro-batch (:func:`batched_sequence`)."""
+    return _evaluate(policy, micro.samples, actions, batched_sequence)
+
+
+class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
+    """PPO with LSTM policies: ``sb3_contrib.RecurrentPPO`` with ScalablePPO's additions.
+
+    Takes every argument of :class:`sb3_contrib.RecurrentPPO` (same names, positions and defaults) and trains
+    identically with the defaults; plus ScalablePPO's arguments (``grad_accum_steps``, ``buffer_device``,
+    ``objective``, ``kl_coef`` ..., ``learning_rate="kl_adaptive"``, ``compile_loss``, ``nonfinite``), documented on
+    :class:`~sb3_ppo_scale.ScalablePPO`, and:
+
+    :param batched_sequences: run each micro-batch's sequences through the LSTM as one ``nn.LSTM`` call per LSTM,
+        the episode-start resets applied to the initial states (default False: contrib's per-step loop, bit-identical
+        to RecurrentPPO). Equal to the loop up to float rounding of the gradient sums; see the module docstring.
+
+    Minibatches are contrib's (``batch_size`` samples, cut into zero-padded sequences). ``grad_accum_steps`` splits
+    each into micro-batches of whole sequences, weighted by their share of the real samples, so it needs
+    ``batch_size > (grad_accum_steps - 1) * n_steps`` (every minibatch then holds ``grad_accum_steps`` sequences).
+    Not supported, with a clear error: ``cuda_graphs`` (padded shapes change with every minibatch),
+    ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
+    policy's device).
+    """
+
+    batched_sequences: bool = False  # class default: models saved before the argument existed load with it off
+
+    def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False, **kwargs: Any) -> None:
+        self.batched_sequences = batched_sequences  # read in _setup_model, which the base constructor runs
+        self._sequence_starts: np.ndarray | None = None
+        super().__init__(policy, env, *args, **kwargs)
+
+    def _check_supported(self, config: ScaleConfig) -> None:
+        if not isinstance(self.batched_sequences, bool):
+            raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
+        for name in ("cuda_graphs", "overlap_collection"):
+            if getattr(config, name):
+                why = ("its padded minibatch shapes change with every minibatch" if name == "cuda_graphs"
+                       else "the EnvPool collector does not carry LSTM states")
+                raise ValueError(f"{name}=True is not supported by ScalableRecurrentPPO ({why}); pass {name}=False")
+        if resolve_collect_device(config.collect_device, self.device) != self.device:
+            raise ValueError(f"collect_device must be 'auto' (the policy's device, {self.device}) for "
+                             f"ScalableRecurrentPPO: collection keeps the LSTM states there, got {config.collect_device!r}")
+        steps, accum = self.n_steps, config.grad_accum_steps
+        if accum > 1 and self.batch_size <= (accum - 1) * steps:
+            raise ValueError(
+                f"batch_size={self.batch_size} cannot hold grad_accum_steps={accum} whole sequences: a sequence may be "
+                f"n_steps={steps} samples long, so batch_size must be > (grad_accum_steps - 1) * n_steps = "
+                f"{(accum - 1) * steps}; raise batch_size or lower grad_accum_steps"
+            )
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "_sequence_starts"]
+
+    def _build_rollout_buffer(self) -> Any:
+        lstm = self.policy.lstm_actor
+        shape = (self.n_steps, lstm.num_layers, self.n_envs, lstm.hidden_size)
+        buffer_cls = RecurrentDictRolloutBuffer if isinstance(self.observation_space, spaces.Dict) else RecurrentRolloutBuffer
+        return buffer_cls(self.n_steps, self.observation_space, self.action_space, shape, self.device,
+                          gamma=self.gamma, gae_lambda=self.gae_lambda, n_envs=self.n_envs)
+
+    def _rollout_extras(self, buffer: Any) -> dict[str, np.ndarray]:
+        """Episode starts (N,) and the four LSTM state arrays (N, n_layers, hidden), in env-major order."""
+        extras = {"episode_starts": flat_field(buffer, buffer.episode_starts).reshape(-1)}
+        for name in STATE_FIELDS:  # stored (n_steps, n_layers, n_envs, hidden); get() swaps to (n_steps, n_envs, ...)
+            array = getattr(buffer, name)
+            extras[name] = array if buffer.generator_ready else flat_field(buffer, array.swapaxes(1, 2))
+        return extras
+
+    def _stage_rollout(self) -> DeviceRollout:
+        rollout = super()._stage_rollout()
+        starts = flat_field(self.rollout_buffer, self.rollout_buffer.episode_starts)
+        self._sequence_starts = sequence_starts(starts, self.n_steps)
+        return rollout
+
+    def _make_loader(self, rollout: DeviceRollout, batch_size: int, shuffle: bool = True) -> Loader:
+        assert self._sequence_starts is not None and len(self._sequence_starts) == len(rollout)
+        return SequenceLoader(rollout, self._sequence_starts, batch_size, self.grad_accum_steps if shuffle else 1,
+                              self.device, shuffle=shuffle)
+
+    @property
+    def _evaluator(self) -> Evaluator:
+        return evaluate_batched if self.batched_sequences else evaluate_recurrent

@@ -1,0 +1,184 @@
+"""Minibatches of whole sequences for recurrent policies, cut exactly as sb3-contrib's ``RecurrentRolloutBuffer``.
+
+sb3-contrib's sampling, per epoch: one ``np.random.randint(N)`` split point rotates the env-major sample order
+(``[split:] + [:split]``), which is sliced into minibatches of ``batch_size`` samples. Inside a minibatch a new
+sequence starts at its first sample, at every episode start and at every env's first step; each sequence is padded
+with zeros to the minibatch's longest one and laid out as ``(n_seq, max_len)`` rows, with the LSTM states stored at
+each sequence's first step as its initial state. :class:`SequenceLoader` reproduces that order and layout on the
+rollout's device (the layout is computed with NumPy on small index arrays; the data never leaves the device).
+
+Every episode start is the first step of a sequence, so a sequence never contains a reset after its first step:
+the reset can be applied to the initial states once, and the whole sequence run as one ``nn.LSTM`` call
+(:func:`sb3_ppo_scale.contrib.recurrent.batched_sequence`).
+
+Gradient accumulation splits a logical minibatch into micro-batches of *whole sequences* (each padded to its own
+longest sequence), balanced by sample count; each micro-batch's loss is weighted by its share of the logical
+minibatch's real (unpadded) samples, so the accumulated gradient is the big batch's. A logical minibatch with fewer
+sequences than ``grad_accum_steps`` runs in as many micro-batches as it has sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch as th
+from sb3_contrib.common.recurrent.type_aliases import (
+    RecurrentDictRolloutBufferSamples,
+    RecurrentRolloutBufferSamples,
+    RNNStates,
+)
+
+from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.sampling import MicroBatch
+
+#: the rollout extras a recurrent rollout carries (see ScalableRecurrentPPO._rollout_extras)
+STATE_FIELDS = ("hidden_states_pi", "cell_states_pi", "hidden_states_vf", "cell_states_vf")
+_PADDED_FIELDS = ("actions", "old_values", "old_log_prob", "advantages", "returns")
+
+
+def sequence_starts(episode_starts: np.ndarray, n_steps: int) -> np.ndarray:
+    """Which samples (env-major order, ``n_envs * n_steps`` of them) begin a sequence: episode starts and every env's
+    first step (bool array)."""
+    starts = np.asarray(episode_starts, dtype=bool).reshape(-1).copy()
+    starts[::n_steps] = True
+    return starts
+
+
+@dataclass(frozen=True)
+class PaddedLayout:
+    """Where a run of whole sequences goes in the padded ``(n_seq, max_len)`` layout (host index arrays).
+
+    :param rows: rollout indices of the real samples, in sequence order.
+    :param padded_rows: one rollout index per padded slot (padding slots repeat ``rows[0]`` and are zeroed).
+    :param mask: which padded slots hold real samples.
+    :param start_rows: rollout index of each sequence's first sample (its initial LSTM state).
+    """
+
+    rows: np.ndarray
+    padded_rows: np.ndarray
+    mask: np.ndarray
+    start_rows: np.ndarray
+
+    @classmethod
+    def of(cls, rows: np.ndarray, local_starts: np.ndarray) -> "PaddedLayout":
+        """The layout of ``rows`` whose sequences begin at positions ``local_starts`` (the first is 0)."""
+        lengths = np.diff(np.append(local_starts, len(rows)))
+        n_seq, max_len = len(lengths), int(lengths.max())
+        seq_id = np.repeat(np.arange(n_seq), lengths)
+        slot = seq_id * max_len + (np.arange(len(rows)) - np.repeat(local_starts, lengths))
+        padded_rows = np.full(n_seq * max_len, rows[0], dtype=np.int64)
+        padded_rows[slot] = rows
+        mask = np.zeros(n_seq * max_len, dtype=bool)
+        mask[slot] = True
+        return cls(rows, padded_rows, mask, rows[local_starts])
+
+
+class SequenceBatch:
+    """A logical minibatch of ``len(indices)`` samples cut into sequences (see the module docstring).
+
+    :param rollout: the staged rollout (with the recurrent extras).
+    :param indices: the minibatch's rollout indices, in sampling order (host int64).
+    :param starts: which of them begin a sequence (host bool; the first always does).
+    :param n_micro: micro-batches wanted (``grad_accum_steps``; at most one per sequence).
+    :param target_device: where micro-batches are gathered to.
+    """
+
+    def __init__(self, rollout: DeviceRollout, indices: np.ndarray, starts: np.ndarray, n_micro: int,
+                 target_device: th.device) -> None:
+        self.rollout, self.indices, self.target_device = rollout, indices, target_device
+        self.seq_starts = np.flatnonzero(starts)
+        self.n_micro = min(n_micro, len(self.seq_starts))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def advantages(self) -> th.Tensor:
+        """The real samples' raw advantages, in sequence order (``advantages[mask]`` of contrib's padded batch)."""
+        return self.rollout.advantages.index_select(0, th.from_numpy(self.indices).to(self.rollout.device))
+
+    def layouts(self) -> list[PaddedLayout]:
+        """One padded layout per micro-batch: whole sequences, split near equal sample counts."""
+        bounds = [0]
+        if self.n_micro > 1:
+            targets = np.arange(1, self.n_micro) * len(self) / self.n_micro
+            cuts = np.searchsorted(self.seq_starts, targets)  # the first sequence starting at or after each target
+            bounds += sorted({int(c) for c in cuts if 0 < c < len(self.seq_starts)})
+        bounds.append(len(self.seq_starts))
+        layouts = []
+        for first, last in zip(bounds[:-1], bounds[1:]):
+            begin = self.seq_starts[first]
+            end = self.seq_starts[last] if last < len(self.seq_starts) else len(self)
+            layouts.append(PaddedLayout.of(self.indices[begin:end], self.seq_starts[first:last] - begin))
+        return layouts
+
+    def micro_batches(self, n_logical: int | None = None) -> Iterator[MicroBatch]:
+        """Gather each micro-batch in contrib's padded layout, weighted by its share of the real samples."""
+        n_logical = len(self) if n_logical is None else n_logical
+        for layout in self.layouts():
+            yield gather_sequences(self.rollout, layout, self.target_device, len(layout.rows) / n_logical)
+
+
+def gather_sequences(rollout: DeviceRollout, layout: PaddedLayout, device: th.device, share: float) -> MicroBatch:
+    """A micro-batch in the padded layout: every sample field zero-padded (as contrib's ``pad``), initial LSTM states
+    ``(n_layers, n_seq, hidden)``, ``episode_starts`` and the mask; ``weights``/``old_dist`` padded with a real row
+    (never read at padding, but finite there, so no NaN reaches a gradient)."""
+    source = rollout.device
+    padded = th.from_numpy(layout.padded_rows).to(source, non_blocking=True)
+    mask = th.from_numpy(layout.mask).to(source, non_blocking=True)
+    starts = th.from_numpy(layout.start_rows).to(source, non_blocking=True)
+
+    def pad(tensor: th.Tensor) -> th.Tensor:
+        gathered = tensor.index_select(0, padded)
+        fill = ~mask.view(-1, *([1] * (gathered.dim() - 1)))
+        return gathered.masked_fill(fill, 0).to(device, non_blocking=True)
+
+    def take(tensor: th.Tensor | None) -> th.Tensor | None:
+        return None if tensor is None else tensor.index_select(0, padded).to(device, non_blocking=True)
+
+    def state(name: str) -> th.Tensor:  # (n_seq, n_layers, hidden) -> (n_layers, n_seq, hidden)
+        return rollout.extras[name].index_select(0, starts).transpose(0, 1).contiguous().to(device, non_blocking=True)
+
+    obs = rollout.observations
+    observations = {k: pad(v) for k, v in obs.items()} if isinstance(obs, dict) else pad(obs)
+    fields = [pad(getattr(rollout, name)) for name in _PADDED_FIELDS]
+    states = RNNStates((state("hidden_states_pi"), state("cell_states_pi")),
+                       (state("hidden_states_vf"), state("cell_states_vf")))
+    mask_on_device = mask.to(device, non_blocking=True)
+    samples_cls = RecurrentDictRolloutBufferSamples if isinstance(obs, dict) else RecurrentRolloutBufferSamples
+    samples = samples_cls(observations, *fields, states, pad(rollout.extras["episode_starts"]),  # type: ignore[arg-type]
+                          mask_on_device.float())
+    rows = th.from_numpy(layout.rows).to(device, non_blocking=True)
+    return MicroBatch(samples, share, weights=take(rollout.weights), old_dist=take(rollout.old_dist),
+                      mask=mask_on_device, rows=rows)
+
+
+class SequenceLoader:
+    """Iterate a recurrent rollout in contrib's minibatches of sequences (see the module docstring).
+
+    :param rollout: the staged rollout (with the recurrent extras).
+    :param starts: :func:`sequence_starts` of the rollout (host bool array, one per sample).
+    :param batch_size: samples per logical minibatch.
+    :param grad_accum_steps: micro-batches of whole sequences per logical minibatch.
+    :param target_device: where micro-batches are gathered to.
+    :param shuffle: draw contrib's random split point each epoch (default True); False keeps rollout order.
+    """
+
+    def __init__(self, rollout: DeviceRollout, starts: np.ndarray, batch_size: int, grad_accum_steps: int,
+                 target_device: th.device, shuffle: bool = True) -> None:
+        self.rollout, self.starts, self.batch_size = rollout, starts, batch_size
+        self.grad_accum_steps, self.target_device, self.shuffle = grad_accum_steps, target_device, shuffle
+
+    def __len__(self) -> int:
+        return -(-len(self.rollout) // self.batch_size)
+
+    def __iter__(self) -> Iterator[SequenceBatch]:
+        n_samples = len(self.rollout)
+        split = np.random.randint(n_samples) if self.shuffle else 0  # contrib's one draw per epoch
+        order = np.concatenate((np.arange(split, n_samples), np.arange(split)))
+        for begin in range(0, n_samples, self.batch_size):
+            indices = order[begin : begin + self.batch_size]
+            starts = self.starts[indices]
+            starts[0] = True
+            yield SequenceBatch(self.rollout, indices, starts, self.grad_accum_steps, self.target_device)

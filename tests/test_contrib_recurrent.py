@@ -1,0 +1,188 @@
+"""ScalableRecurrentPPO against sb3-contrib's RecurrentPPO: identical by default (parameters and Adam state after
+learn(): MlpLstm with and without a critic LSTM, a shared LSTM, CnnLstm on images, VecNormalize, gSDE), the batched
+LSTM path equal up to float rounding (and measured to differ), exact accumulation over whole sequences, contrib's
+minibatch cutting, and clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch as th
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+from sb3_ppo_scale import ScalableRecurrentPPO
+from sb3_ppo_scale.contrib.recurrent import evaluate_batched, evaluate_recurrent
+from sb3_ppo_scale.contrib.sequences import SequenceBatch, sequence_starts
+from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, max_param_diff, train_one
+
+LSTM = dict(lstm_hidden_size=16, net_arch=[16])
+SMALL = dict(n_steps=64, batch_size=64, n_epochs=3)
+
+
+def cartpole(n_envs: int = 2, normalize: bool = False):
+    def make():
+        env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)  # episodes end inside rollouts: resets mid-batch
+        return VecNormalize(env) if normalize else env
+
+    return make
+
+
+def images():
+    """Two small image envs; FakeImageEnv draws observations from its observation space, seeded here so that every
+    model sees the same frames."""
+
+    def one(index: int) -> FakeImageEnv:
+        env = FakeImageEnv(screen_height=36, screen_width=36, n_channels=1, discrete=True)
+        env.observation_space.seed(index)
+        return env
+
+    return DummyVecEnv([lambda i=i: one(i) for i in range(2)])
+
+
+CASES = {
+    "mlp_critic_lstm": (cartpole(), "MlpLstmPolicy", dict(policy_kwargs=LSTM)),
+    "mlp_no_critic_lstm": (cartpole(), "MlpLstmPolicy", dict(policy_kwargs={**LSTM, "enable_critic_lstm": False})),
+    "mlp_shared_lstm": (cartpole(), "MlpLstmPolicy",
+                        dict(policy_kwargs={**LSTM, "shared_lstm": True, "enable_critic_lstm": False})),
+    "vec_normalize_target_kl": (cartpole(normalize=True), "MlpLstmPolicy",
+                                dict(policy_kwargs=LSTM, target_kl=0.0005, learning_rate=1e-2)),
+    "gsde": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=0), "MlpLstmPolicy",
+             dict(policy_kwargs=LSTM, use_sde=True, sde_sample_freq=4)),
+    "cnn_lstm": (images, "CnnLstmPolicy", dict(policy_kwargs=dict(lstm_hidden_size=16, features_extractor_kwargs=dict(features_dim=32)),
+                                               n_steps=32, batch_size=32, n_epochs=2)),
+}
+
+
+def run(cls: type, case: str, steps: int = 3 * 128, **extra) -> RecurrentPPO:
+    make_env, policy, kwargs = CASES[case]
+    return train_one(cls, make_env, steps, policy, "cpu", **{**SMALL, **kwargs, **extra})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_defaults_are_recurrent_ppo_bit_for_bit(case: str) -> None:
+    contrib, ours = run(RecurrentPPO, case), run(ScalableRecurrentPPO, case)
+    assert_identical(contrib, ours)  # parameters and Adam state, torch.equal
+    assert ours._n_updates == contrib._n_updates
+    if case == "vec_normalize_target_kl":  # the early stop really fired
+        assert ours._n_grad_steps < 3 * 3 * 2
+    for key in ("train/policy_gradient_loss", "train/value_loss", "train/entropy_loss", "train/approx_kl",
+                "train/clip_fraction", "train/loss"):
+        assert ours.logger.seen[key] == pytest.approx(contrib.logger.seen[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("case", ["mlp_critic_lstm", "mlp_no_critic_lstm", "gsde", "cnn_lstm"])
+def test_batched_sequences_equal_the_loop_up_to_rounding(case: str) -> None:
+    """One LSTM call per micro-batch: the same parameters as contrib's per-step loop within float rounding (it is
+    not bit-identical, hence opt-in; see test_batched_forward_is_rounding_not_bitwise)."""
+    contrib, batched = run(RecurrentPPO, case), run(ScalableRecurrentPPO, case, batched_sequences=True)
+    assert max_param_diff(contrib, batched) <= ACCUMULATION_ATOL
+
+
+def _gradients(model, evaluator, micro, actions) -> list[th.Tensor]:
+    model.policy.zero_grad()
+    values, log_prob, _, _ = evaluator(model.policy, micro, actions, False)
+    (values.flatten()[micro.mask].mean() + log_prob[micro.mask].mean()).backward()
+    return [p.grad.clone() for p in model.policy.parameters() if p.grad is not None]
+
+
+def test_batched_forward_is_rounding_not_bitwise() -> None:
+    """The measurement behind the default, on minibatches holding episode starts (contrib's loop path): without
+    autograd the batched call's values, log-probs and entropies are bit-identical to the loop's; with autograd (as in
+    training) they and the gradients agree to float32 rounding but are not all bit-identical."""
+    model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole(4)(), seed=0, device="cpu", n_steps=64, batch_size=128,
+                                 n_epochs=1, policy_kwargs=dict(lstm_hidden_size=32))
+    model.learn(256)
+    rollout = model._stage_rollout()
+    training_bitwise = []
+    for batch in model._make_loader(rollout, 128):
+        micro = next(batch.micro_batches())
+        assert micro.samples.episode_starts.sum() > 0
+        actions = micro.samples.actions.long().flatten()
+        with th.no_grad():
+            loop, fast = (evaluate(model.policy, micro, actions, False) for evaluate in (evaluate_recurrent, evaluate_batched))
+            assert all(th.equal(a, b) for a, b in zip(loop[:3], fast[:3]))
+        loop, fast = (evaluate(model.policy, micro, actions, False) for evaluate in (evaluate_recurrent, evaluate_batched))
+        assert all(th.allclose(a, b, rtol=0, atol=1e-5) for a, b in zip(loop[:3], fast[:3]))
+        loop_grads = _gradients(model, evaluate_recurrent, micro, actions)
+        fast_grads = _gradients(model, evaluate_batched, micro, actions)
+        assert all(th.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(loop_grads, fast_grads))
+        training_bitwise += [th.equal(a, b) for a, b in zip(loop[:3], fast[:3])]
+        training_bitwise += [th.equal(a, b) for a, b in zip(loop_grads, fast_grads)]
+    assert not all(training_bitwise)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize(("batch_size", "grad_accum_steps"), [(128, 2), (200, 3)])
+def test_accumulation_over_whole_sequences_equals_the_big_batch(batched: bool, batch_size: int, grad_accum_steps: int) -> None:
+    """4 envs x 64 steps; batch 200 leaves a short last minibatch of 56 (fewer sequences than micro-batches there)."""
+    common = dict(n_steps=64, n_epochs=3, batch_size=batch_size, policy_kwargs=LSTM)
+    contrib = train_one(RecurrentPPO, cartpole(4), 3 * 256, "MlpLstmPolicy", "cpu", **common)
+    ours = train_one(ScalableRecurrentPPO, cartpole(4), 3 * 256, "MlpLstmPolicy", "cpu", grad_accum_steps=grad_accum_steps,
+                     batched_sequences=batched, **common)
+    assert max_param_diff(contrib, ours) <= ACCUMULATION_ATOL
+
+
+def test_micro_batches_are_whole_sequences_weighted_by_real_samples() -> None:
+    model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole(4)(), seed=0, device="cpu", n_steps=64, batch_size=200,
+                                 n_epochs=1, grad_accum_steps=3, policy_kwargs=LSTM)
+    model.learn(256)
+    rollout = model._stage_rollout()
+    starts = sequence_starts(model.rollout_buffer.episode_starts.T.reshape(-1), 64)
+    for batch in model._make_loader(rollout, 200):
+        assert isinstance(batch, SequenceBatch) and batch.n_micro == 3
+        micros = list(batch.micro_batches())
+        assert sum(m.share for m in micros) == pytest.approx(1.0)
+        rows = np.concatenate([m.rows.numpy() for m in micros])
+        assert np.array_equal(rows, batch.indices)  # every sample once, in order
+        for micro in micros:
+            n_real = int(micro.mask.sum())
+            assert micro.share == n_real / len(batch) and n_real == len(micro.rows)
+            first = micro.rows[0].item()
+            assert starts[first] or first == batch.indices[0]  # a micro-batch begins at a sequence start
+            padded = micro.samples.observations[~micro.mask]
+            assert th.count_nonzero(padded) == 0  # contrib's zero padding
+        sizes = [len(m.rows) for m in micros]
+        assert max(sizes) - min(sizes) <= 64  # balanced to within one sequence
+
+
+@pytest.mark.parametrize("objective", ["kl_penalty", "clip_kl_penalty"])
+def test_kl_objectives_and_kl_adaptive_rate_stay_finite(objective: str) -> None:
+    make_env, policy, kwargs = CASES["gsde"]
+    model = ScalableRecurrentPPO(policy, make_env(), objective=objective, learning_rate="kl_adaptive", seed=0,
+                                 device="cpu", batched_sequences=True, **{**SMALL, **kwargs})
+    model.set_logger(HistoryLogger())
+    model.learn(3 * 128)
+    history = model.logger.history
+    for key in ("train/loss", "train/kl", "train/kl_coef"):
+        assert np.isfinite(history[key]).all() and len(history[key]) == 3, key
+    assert min(history["train/kl"]) >= 0.0 and model._n_nonfinite_steps == 0
+
+
+def test_save_and_load_keep_the_model_and_its_arguments(tmp_path) -> None:
+    model = run(ScalableRecurrentPPO, "mlp_critic_lstm", steps=128, batched_sequences=True, grad_accum_steps=2,
+                batch_size=128)
+    model.save(tmp_path / "model.zip")
+    loaded = ScalableRecurrentPPO.load(tmp_path / "model.zip", env=cartpole()(), device="cpu")
+    assert_identical(model, loaded)
+    assert loaded.batched_sequences is True and loaded.grad_accum_steps == 2
+    obs = loaded.env.reset()
+    actions, states = loaded.predict(obs, deterministic=True)
+    expected, _ = model.predict(obs, deterministic=True)
+    assert np.array_equal(actions, expected) and states is not None
+    loaded.learn(128, reset_num_timesteps=False)  # continues training from the loaded state
+    assert loaded.num_timesteps == 2 * 128
+
+
+@pytest.mark.parametrize(("kwargs", "pattern"), [
+    (dict(batch_size=64, grad_accum_steps=2), r"batch_size=64 cannot hold grad_accum_steps=2 whole sequences"),
+    (dict(cuda_graphs=True), r"cuda_graphs=True is not supported by ScalableRecurrentPPO"),
+    (dict(overlap_collection=True), r"overlap_collection=True is not supported by ScalableRecurrentPPO"),
+    (dict(batched_sequences="yes"), r"batched_sequences must be True or False"),
+    (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),
+])
+def test_bad_arguments_are_named(kwargs: dict, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **{**SMALL, **kwargs})
