@@ -28,7 +28,6 @@ from sb3_contrib.common.maskable.buffers import (
     MaskableRolloutBufferSamples,
 )
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.utils import is_vectorized_observation
 
 from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
@@ -56,6 +55,7 @@ class _CheckedMaskablePPO(MaskablePPO):
     ``use_masking`` from the model when the scale layer's collection path calls it with four arguments."""
 
     _use_masking: bool = True  # set per rollout by ScalableMaskablePPO.collect_rollouts
+    _batch_may_exceed_rollout = True  # as MaskablePPO: a batch_size above n_steps * n_envs is one whole-rollout batch
 
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool | None = None) -> bool:
@@ -118,14 +118,11 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """MaskablePPO's ``predict``, after checking ``action_masks`` (one mask per observation)."""
         if action_masks is not None:
-            check_action_masks(action_masks, self.action_space, _n_observations(observation, self.observation_space),
-                               "action_masks")
+            check_action_masks(action_masks, self.action_space, self._n_observations(observation), "action_masks")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
 
-
-def _n_observations(observation: Any, observation_space: Any) -> int:
-    """How many observations ``observation`` holds (1 for a single, unbatched one)."""
-    if not is_vectorized_observation(observation, observation_space):
-        return 1
-    first = next(iter(observation.values())) if isinstance(observation, dict) else observation
-    return len(first)
+    def _n_observations(self, observation: Any) -> int:
+        """How many observations ``observation`` holds, as the policy reads it (1 for a single, unbatched one)."""
+        tensor, _ = self.policy.obs_to_tensor(observation)
+        first = next(iter(tensor.values())) if isinstance(tensor, dict) else tensor
+        return int(first.shape[0])

@@ -112,6 +112,7 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     """
 
     batched_sequences: bool = False  # class default: models saved before the argument existed load with it off
+    _batch_may_exceed_rollout = True  # as RecurrentPPO: a batch_size above n_steps * n_envs is one whole-rollout batch
 
     def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False, **kwargs: Any) -> None:
         self.batched_sequences = batched_sequences  # read in _setup_model, which the base constructor runs
