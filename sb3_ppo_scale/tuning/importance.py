@@ -6,21 +6,26 @@ Evaluators (COMPLETE trials only):
   (quantile ``max(0.1, 5 / n_trials)``). It assumes lower is better, so it is given the negated return.
 - ``fanova``: fANOVA (random forest, 64 trees, fixed seed 0; needs scikit-learn).
 
-Both are normalised to sum to 1 over the parameters. Stars rule (same 1-4 scale as the documented table, whose top
-parameter has 4): ``stars = max(1, ceil(4 * importance / largest importance))``, so the top parameter gets 4 stars,
-one with at least 3/4 of its importance 4, at least 1/2 -> 3, at least 1/4 -> 2, otherwise 1.
+Both are normalised to sum to 1 over the parameters, dummy parameters included. Stars rule (same 1-4 scale as the
+documented table, whose top parameter has 4), over the real (non-dummy) parameters:
+``stars = max(1, ceil(4 * importance / largest real importance))``, so the top parameter gets 4 stars, one with at
+least 3/4 of its importance 4, at least 1/2 -> 3, at least 1/4 -> 2, otherwise 1. Whether a parameter keeps its
+stars (noise floor, star stability) is decided in :mod:`sb3_ppo_scale.tuning.verdicts`.
+Noise-repeat trials (:mod:`sb3_ppo_scale.tuning.noise`) never enter importance.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import optuna
 from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
+
+from sb3_ppo_scale.tuning.noise import is_noise_trial
 
 EVALUATORS = ("ped_anova", "fanova")
 EVALUATOR_TITLES = {"ped_anova": "PED-ANOVA", "fanova": "fANOVA"}
@@ -41,10 +46,12 @@ def _evaluator(name: str, n_trials: int) -> optuna.importance.BaseImportanceEval
     return FanovaImportanceEvaluator(seed=0)
 
 
-def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """COMPLETE trials with a finite value, in trial-number order."""
+def complete_trials(study: optuna.Study, noise: bool = False) -> list[FrozenTrial]:
+    """COMPLETE trials with a finite value, in trial-number order: the sampled ones (default), or with
+    ``noise=True`` the noise repeats."""
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return sorted((t for t in trials if t.value is not None and math.isfinite(t.value)), key=lambda t: t.number)
+    return sorted((t for t in trials if t.value is not None and math.isfinite(t.value) and is_noise_trial(t) == noise),
+                  key=lambda t: t.number)
 
 
 def _as_study(trials: list[FrozenTrial]) -> optuna.Study:
@@ -77,12 +84,14 @@ def importances(trials: list[FrozenTrial], params: list[str], evaluator: str) ->
     return values
 
 
-def stars(values: dict[str, float]) -> dict[str, int]:
-    """Map importances to 1-4 stars by :data:`STARS_RULE`."""
-    top = max(values.values())
+def stars(values: dict[str, float], dummies: tuple[str, ...] | list[str] = ()) -> dict[str, int]:
+    """Map importances to 1-4 stars by :data:`STARS_RULE`, relative to the top real parameter; ``dummies`` (Optuna
+    names of noise-floor parameters) get none and are left out."""
+    real = {name: value for name, value in values.items() if name not in dummies}
+    top = max(real.values())
     if top <= 0:
-        return {name: 1 for name in values}
-    return {name: max(1, math.ceil(4 * value / top - 1e-9)) for name, value in values.items()}
+        return {name: 1 for name in real}
+    return {name: max(1, math.ceil(4 * value / top - 1e-9)) for name, value in real.items()}
 
 
 def top_range(trials: list[FrozenTrial], name: str) -> tuple[float, float]:
@@ -94,7 +103,8 @@ def top_range(trials: list[FrozenTrial], name: str) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Stability:
-    """Bootstrap over trials: 5-95% interval of each importance and how often each parameter keeps its rank."""
+    """Bootstrap over trials: 5-95% interval of each importance, how often each parameter keeps its rank, and how
+    often each real parameter keeps its star rating (``same_stars``; stars by :func:`stars` in each resample)."""
 
     low: dict[str, float]
     high: dict[str, float]
@@ -102,14 +112,17 @@ class Stability:
     same_top: float
     n_resamples: int
     n_degenerate: int = 0
+    same_stars: dict[str, float] = field(default_factory=dict)
 
 
 def bootstrap(trials: list[FrozenTrial], params: list[str], evaluator: str, point: dict[str, float],
-              n_resamples: int, seed: int = 0) -> Stability:
-    """Resample trials with replacement ``n_resamples`` times (fixed seed) and recompute the importance."""
+              n_resamples: int, seed: int = 0, dummies: tuple[str, ...] | list[str] = ()) -> Stability:
+    """Resample trials with replacement ``n_resamples`` times (fixed seed) and recompute the importance (and the
+    stars of the parameters other than ``dummies``)."""
     rng = np.random.default_rng(seed)
-    point_rank = _ranks(point)
+    point_rank, point_stars = _ranks(point), stars(point, dummies)
     samples, same_rank, same_top, degenerate = [], dict.fromkeys(params, 0), 0, 0
+    same_stars = dict.fromkeys(point_stars, 0)
     for _ in range(n_resamples):
         picked = [trials[i] for i in rng.integers(0, len(trials), len(trials))]
         try:
@@ -121,6 +134,8 @@ def bootstrap(trials: list[FrozenTrial], params: list[str], evaluator: str, poin
         ranks = _ranks(values)
         for p in params:
             same_rank[p] += ranks[p] == point_rank[p]
+        for p, n_stars in stars(values, dummies).items():
+            same_stars[p] += n_stars == point_stars[p]
         same_top += max(values, key=values.__getitem__) == max(point, key=point.__getitem__)
     array = np.asarray(samples).reshape(len(samples), len(params))
     n = max(1, len(samples))
@@ -131,6 +146,7 @@ def bootstrap(trials: list[FrozenTrial], params: list[str], evaluator: str, poin
         same_top=same_top / n,
         n_resamples=len(samples),
         n_degenerate=degenerate,
+        same_stars={p: same_stars[p] / n for p in same_stars},
     )
 
 

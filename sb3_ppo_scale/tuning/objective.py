@@ -1,4 +1,8 @@
-"""One trial: sample ScalablePPO arguments, train ``seeds_per_trial`` agents, evaluate them, return the objective."""
+"""One trial: sample ScalablePPO arguments, train ``seeds_per_trial`` agents, evaluate them, return the objective.
+
+Dummy parameters (``type: dummy``) are sampled like the others and never reach training. The per-seed objectives
+are stored on the trial (``seed_values``; their spread is what the report shows per trial).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,16 @@ import optuna
 
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
+from sb3_ppo_scale.tuning.noise import NOISE_ATTR, inherit_noise_mark
 from sb3_ppo_scale.tuning.preemption import PreemptionCheck
 from sb3_ppo_scale.tuning.spec import ParamSpec, StudySpec, pow2_bounds
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
-    """Ask ``trial`` for one parameter and return the value ScalablePPO receives (before any schedule)."""
+    """Ask ``trial`` for one parameter and return the value ScalablePPO receives (before any schedule); a dummy's
+    value is only recorded on the trial."""
+    if param.type == "dummy":
+        return trial.suggest_float(param.name, float(param.low), float(param.high))  # type: ignore[arg-type]
     if param.type == "categorical":
         return trial.suggest_categorical(param.name, list(param.choices))
     if param.type == "pow2":
@@ -27,9 +35,10 @@ def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
 
 
 def decode_params(spec: StudySpec, optuna_params: dict[str, Any]) -> dict[str, Any]:
-    """Optuna's stored params -> ScalablePPO argument values (``log2_batch_size: 6`` -> ``batch_size: 64``)."""
+    """Optuna's stored params -> ScalablePPO argument values (``log2_batch_size: 6`` -> ``batch_size: 64``); dummy
+    parameters are left out."""
     values = {}
-    for param in spec.space:
+    for param in spec.trained_space:
         raw = optuna_params[param.optuna_name]
         values[param.name] = 2 ** int(raw) if param.type == "pow2" else raw
     return values
@@ -72,17 +81,29 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
         eval_env.close()
 
 
+def trial_seeds(spec: StudySpec, noise_repeat: int | None = None) -> list[int]:
+    """The seeds a trial trains with: ``seed, seed + 1, ...`` (``seeds_per_trial`` of them) for every sampled trial;
+    noise repeat ``k`` shifts them by ``k * seeds_per_trial``, so that repeats differ by their seeds only (repeat 0
+    shares the sampled trials' seeds)."""
+    offset = 0 if noise_repeat is None else int(noise_repeat) * spec.seeds_per_trial
+    return [spec.seed + offset + index for index in range(spec.seeds_per_trial)]
+
+
 def make_objective(spec: StudySpec, env_id: str) -> Callable[[optuna.Trial], float]:
-    """The Optuna objective: mean over seeds of the evaluation objective. Search mode reports and prunes on seed 0."""
+    """The Optuna objective: mean over the trial's seeds (:func:`trial_seeds`) of the evaluation objective; stores
+    ``seeds``, ``seed_values`` and ``eval_returns`` on the trial. Search mode reports and prunes on the first seed."""
 
     def objective(trial: optuna.Trial) -> float:
-        values = {p.name: suggest(trial, p) for p in spec.space}
-        results, curves = [], []
-        for index in range(spec.seeds_per_trial):
+        inherit_noise_mark(trial)
+        sampled = {p.name: suggest(trial, p) for p in spec.space}  # dummies too: same sampling for all
+        values = {p.name: sampled[p.name] for p in spec.trained_space}
+        results, curves, seeds = [], [], trial_seeds(spec, trial.user_attrs.get(NOISE_ATTR))
+        for index, seed in enumerate(seeds):
             on_eval = _pruning_hook(trial, spec) if index == 0 and spec.pruner.get("name") == "median" else None
-            value, curve = train_and_evaluate(spec, env_id, values, spec.seed + index, on_eval)
+            value, curve = train_and_evaluate(spec, env_id, values, seed, on_eval)
             results.append(value)
             curves.append(curve)
+        trial.set_user_attr("seeds", seeds)
         trial.set_user_attr("seed_values", results)
         trial.set_user_attr("eval_returns", curves)  # per seed: mean return of each evaluation
         return float(np.mean(results))

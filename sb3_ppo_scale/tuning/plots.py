@@ -1,4 +1,5 @@
-"""PNG figures of a report: importance bar chart (all studies) and one slice plot per study (plain matplotlib)."""
+"""PNG figures of a report: importance bar chart (all studies) and one slice plot per study with seed error bars
+(plain matplotlib)."""
 
 from __future__ import annotations
 
@@ -46,26 +47,45 @@ def importance_chart(path: Path, results: dict[str, dict[str, dict[str, float]]]
     plt.close(fig)
 
 
-def slice_plot(path: Path, title: str, trials: list[FrozenTrial], labels: dict[str, str], log_axes: set[str]) -> None:
-    """Objective against each parameter; the top 10% of trials are highlighted. ``log2_*`` axes show 2**x ticks."""
+def slice_plot(path: Path, title: str, trials: list[FrozenTrial], labels: dict[str, str], log_axes: set[str],
+               noise_trials: list[FrozenTrial] | None = None) -> None:
+    """Objective against each parameter, one point per trial with its seed spread as an error bar (min to max of the
+    per-seed objectives, ``seed_values``); the top 10% of trials highlighted; the noise repeats' mean +- one
+    standard deviation (of their trial objectives) as a grey band. ``log2_*`` axes show 2**x ticks."""
     params = list(labels)
     values = np.array([float(t.value) for t in trials])
+    seeds = [np.asarray(t.user_attrs.get("seed_values") or [t.value], dtype=float) for t in trials]
+    errors = np.array([[v - s.min() for v, s in zip(values, seeds)], [s.max() - v for v, s in zip(values, seeds)]])
     cutoff = np.sort(values)[::-1][max(1, int(np.ceil(TOP_FRACTION * len(values)))) - 1]
     top = values >= cutoff
-    fig, axes = plt.subplots(1, len(params), figsize=(3.0 * len(params), 3.0), sharey=True, squeeze=False)
+    band = _noise_band(noise_trials or [])
+    fig, axes = plt.subplots(1, len(params), figsize=(3.0 * len(params), 3.2), sharey=True, squeeze=False)
     for ax, name in zip(axes[0], params):
         xs = np.array([float(t.params[name]) for t in trials])
-        ax.scatter(xs[~top], values[~top], s=14, color="tab:blue", alpha=0.7, label="trials")
-        ax.scatter(xs[top], values[top], s=22, color="tab:red", label=f"top {TOP_FRACTION:.0%}")
+        for mask, color, size, label in ((~top, "tab:blue", 4, "trials (bars: seed min-max)"),
+                                         (top, "tab:red", 5, f"top {TOP_FRACTION:.0%}")):
+            ax.errorbar(xs[mask], values[mask], yerr=errors[:, mask], fmt="o", ms=size, color=color, alpha=0.75,
+                        elinewidth=0.7, capsize=1.5, label=label)
+        if band is not None:
+            ax.axhspan(band[0], band[1], color="0.6", alpha=0.3, lw=0, label="noise repeats: mean +- std")
         ax.set_xlabel(labels[name])
         if name.startswith("log2_"):
             ticks = np.arange(np.floor(xs.min()), np.ceil(xs.max()) + 1)
             ax.set_xticks(ticks, [str(int(2**t)) for t in ticks], fontsize=7)
         elif name in log_axes:
             ax.set_xscale("log")
-    axes[0][0].set_ylabel("objective (mean evaluation return)")
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].set_ylabel("objective (mean over seeds)")
+    axes[0][0].legend(fontsize=6)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata=PNG_METADATA)
     plt.close(fig)
+
+
+def _noise_band(noise_trials: list[FrozenTrial]) -> tuple[float, float] | None:
+    """(mean - std, mean + std) of the noise repeats' objectives; None with fewer than two."""
+    values = [float(t.value) for t in noise_trials if t.value is not None]
+    if len(values) < 2:
+        return None
+    mean, std = float(np.mean(values)), float(np.std(values, ddof=1))
+    return mean - std, mean + std

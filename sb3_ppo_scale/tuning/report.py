@@ -1,7 +1,8 @@
 """``report``: importance of every searched parameter per study, beside the documented table, as markdown and PNG.
 
-Writes ``report.md`` (side-by-side table, per-study details with bootstrap stability), ``importance.json``,
-``importance.png`` and ``slices_<label>.png`` (label: the env id, plus the study name where two studies share an env)
+Writes ``report.md`` (verdict table, the documented advice where measurable, per-study details with the noise
+floor, bootstrap stability and seed spread), ``importance.json``, ``importance.png``, ``slices_<label>.png`` (with
+seed error bars) and ``trials_<label>.csv`` (label: the env id, plus the study name where two studies share an env)
 into the output folder (default ``tune_results/reports/<source name>`` under the working directory; files committed to
 git are only replaced with ``overwrite=True``), and prints the side-by-side table. A fixed study gives
 byte-identical files. Verdicts of a study too small to support them are flagged (:func:`too_small`).
@@ -9,10 +10,14 @@ byte-identical files. Verdicts of a study too small to support them are flagged 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
+import statistics
 import subprocess
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,13 @@ from sb3_ppo_scale.tuning.importance import (
     EVALUATOR_TITLES, EVALUATORS, STARS_RULE, TOP_FRACTION, Stability, bootstrap, complete_trials, importances,
     split_half_agreement, stars, top_range,
 )
+from sb3_ppo_scale.tuning.advice import advice_lines
+from sb3_ppo_scale.tuning.noise import NoiseEstimate, noise_estimate, seed_spread
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
-from sb3_ppo_scale.tuning.runner import resolve_storage
+from sb3_ppo_scale.tuning.runner import DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage
+from sb3_ppo_scale.tuning.verdicts import (
+    MIN_SPLIT_HALF, NOT_DISTINGUISHABLE, STAR_STABILITY, VERDICT_RULE, Rating, rate, split_half_note, verdict,
+)
 from sb3_ppo_scale.tuning.spec import load_spec
 from sb3_ppo_scale.tuning.storage import open_storage
 
@@ -44,22 +54,45 @@ DEFAULT_REPORTS_DIR = Path("tune_results") / "reports"
 
 @dataclass
 class StudyResult:
-    """Everything the report says about one study."""
+    """Everything the report says about one study. ``trials``: the sampled COMPLETE trials (importance is fitted
+    on them); ``noise_trials``: the COMPLETE noise repeats; ``ratings[evaluator][param]``: the stars a real
+    parameter keeps (:func:`~sb3_ppo_scale.tuning.verdicts.rate`)."""
 
     name: str
     label: str
     objective: str
     n_trials: int
-    params: list[str]  # Optuna names, in spec order
-    arguments: dict[str, str]  # Optuna name -> ScalablePPO argument
+    params: list[str]  # Optuna names, in spec order (dummies included)
+    arguments: dict[str, str]  # Optuna name -> ScalablePPO argument (a dummy: its own name)
     importance: dict[str, dict[str, float]]  # evaluator -> param -> importance
-    stars: dict[str, dict[str, int]]
+    stars: dict[str, dict[str, int]]  # evaluator -> real param -> stars by the rule on all trials
     stability: dict[str, Stability]
     split_half: dict[str, float | None]
     top: dict[str, tuple[float, float]]
     best_value: float
     trials: list[optuna.trial.FrozenTrial]
     budget: dict[str, Any]
+    dummies: list[str] = field(default_factory=list)
+    ratings: dict[str, dict[str, Rating]] = field(default_factory=dict)
+    noise_trials: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+    noise: NoiseEstimate = NoiseEstimate(0, math.nan, math.nan, math.nan)
+    planned: int | None = None  # sampled trials planned (None: not recorded)
+    noise_planned: int = 0
+    schedules: dict[str, str] | None = None
+    env_id: str = ""
+
+    @property
+    def real_params(self) -> list[str]:
+        """The searched ScalablePPO arguments (Optuna names), dummies left out."""
+        return [p for p in self.params if p not in self.dummies]
+
+    @property
+    def unfinished(self) -> str | None:
+        """``'<done>/<planned> trials, <done>/<planned> noise repeats'`` when the study is short of its plan."""
+        short = (self.planned is not None and self.n_trials < self.planned) or len(self.noise_trials) < self.noise_planned
+        if not short:
+            return None
+        return f"{self.n_trials}/{self.planned} trials, {len(self.noise_trials)}/{self.noise_planned} noise repeats"
 
 
 def report_command(source: str, out: str | Path | None = None, storage: str | None = None,
@@ -88,7 +121,8 @@ def default_out(source: str) -> Path:
     return DEFAULT_REPORTS_DIR / ("rdb" if "://" in source else Path(source).stem)
 
 
-#: The files a report writes (``slices_*.png`` besides); a committed copy is not replaced by default.
+#: The files a report writes (``slices_*.png`` and ``trials_*.csv`` besides); a committed copy is not replaced by
+#: default.
 REPORT_FILES = ("report.md", "importance.json", "importance.png")
 
 
@@ -101,7 +135,8 @@ def refuse_committed(out: Path) -> None:
                                 timeout=30)
     except (OSError, subprocess.SubprocessError):
         return
-    tracked = sorted(name for name in listed.stdout.split() if name in REPORT_FILES or name.startswith("slices_"))
+    tracked = sorted(name for name in listed.stdout.split()
+                     if name in REPORT_FILES or name.startswith(("slices_", "trials_")))
     if listed.returncode == 0 and tracked:
         raise ValueError(f"--out {out} holds committed results ({', '.join(tracked)}); choose another --out, or pass "
                          "--overwrite to regenerate them")
@@ -137,19 +172,24 @@ def _resolve_source(source: str, storage: str | None, studies: list[str] | None)
 
 
 def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
-    """Importances (both evaluators), stars, top-decile ranges and bootstrap stability of one study."""
+    """Importances (both evaluators), stars and their ratings against the noise floor, top-decile ranges, bootstrap
+    stability and the noise repeats of one study."""
     trials = complete_trials(study)
     if len(trials) < MIN_TRIALS:
         raise ValueError(f"study {study.study_name!r} has {len(trials)} complete trial(s); a report needs >= {MIN_TRIALS}")
-    arguments = dict(study.user_attrs.get("space") or {})
+    attrs = study.user_attrs
+    arguments = dict(attrs.get("space") or {})
     params = list(arguments) or sorted({name for t in trials for name in t.params})
     arguments = {p: arguments.get(p, p) for p in params}
+    noise_trials = complete_trials(study, noise=True)
+    env_id = str(attrs.get("env_id", study.study_name))
     result = StudyResult(
-        name=study.study_name, label=str(study.user_attrs.get("env_id", study.study_name)),
-        objective=str(study.user_attrs.get("objective", "value")), n_trials=len(trials), params=params,
-        arguments=arguments, importance={}, stars={}, stability={}, split_half={}, top={p: top_range(trials, p) for p in params},
-        best_value=max(float(t.value) for t in trials), trials=trials,
-        budget=dict(study.user_attrs.get("budget") or {}),
+        name=study.study_name, label=env_id, objective=str(attrs.get("objective", "value")), n_trials=len(trials),
+        params=params, arguments=arguments, importance={}, stars={}, stability={}, split_half={},
+        top={p: top_range(trials, p) for p in params}, best_value=max(float(t.value) for t in trials),  # type: ignore[arg-type]
+        trials=trials, budget=dict(attrs.get("budget") or {}), dummies=[d for d in attrs.get(DUMMIES_ATTR, []) if d in params],
+        noise_trials=noise_trials, noise=noise_estimate(noise_trials), planned=attrs.get(PLANNED_ATTR),
+        noise_planned=int(attrs.get(NOISE_REPEATS_ATTR, 0)), schedules=attrs.get(SCHEDULES_ATTR), env_id=env_id,
     )
     for evaluator in EVALUATORS:
         try:
@@ -157,15 +197,22 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
         except ValueError as error:
             raise ValueError(f"study {study.study_name!r}: cannot rank its parameters ({error})") from None
         result.importance[evaluator] = values
-        result.stars[evaluator] = stars(values)
-        result.stability[evaluator] = bootstrap(trials, params, evaluator, values, n_bootstrap)
-        result.split_half[evaluator] = split_half_agreement(trials, params, evaluator)
+        result.stars[evaluator] = stars(values, result.dummies)
+        result.stability[evaluator] = bootstrap(trials, params, evaluator, values, n_bootstrap, dummies=result.dummies)
+        result.split_half[evaluator] = split_half_agreement(trials, result.real_params, evaluator)
+        result.ratings[evaluator] = {p: rate(p, n, result.stability[evaluator], result.dummies)
+                                     for p, n in result.stars[evaluator].items()}
     return result
 
 
 # ------------------------------------------------------------------------------------------------ markdown
 def _star_text(n: int) -> str:
     return "★" * n + "☆" * (4 - n)
+
+
+def _rated_text(rating: Rating) -> str:
+    """Kept stars, or '–' for none."""
+    return _star_text(rating.stars) if rating.stars else "–"
 
 
 def _fmt(name: str, value: float) -> str:
@@ -181,20 +228,6 @@ def _range_text(name: str, bounds: tuple[float, float]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def verdict(documented: int, ours: list[int]) -> str:
-    """Compare documented stars with ours (one entry per study and evaluator)."""
-    diffs = [o - documented for o in ours]
-    if all(d == 0 for d in diffs):
-        return "agrees"
-    if all(abs(d) <= 1 for d in diffs):
-        return "agrees within 1 star"
-    if all(d < 0 for d in diffs):
-        return "documented overrates it"
-    if all(d > 0 for d in diffs):
-        return "documented underrates it"
-    return "mixed"
-
-
 def too_small(result: StudyResult) -> str | None:
     """Why ``result`` is too small for its verdicts (see :data:`SMALL_STUDY_RULE`), or None."""
     if result.n_trials < MIN_VERDICT_TRIALS:
@@ -207,117 +240,213 @@ def too_small(result: StudyResult) -> str | None:
     return None
 
 
-def _verdict_cell(documented: int, ours: list[int], flagged: bool) -> str:
-    if not ours:
-        return "not measured"
-    return verdict(documented, ours) + (" (small study)" if flagged else "")
+def flags(result: StudyResult) -> list[str]:
+    """The caveats of a study: unfinished, too small (each with its reason)."""
+    out = []
+    if result.unfinished:
+        out.append(f"unfinished ({result.unfinished})")
+    if (reason := too_small(result)) is not None:
+        out.append(f"small study ({reason})")
+    return out
+
+
+def _param_of(result: StudyResult, argument: str) -> str | None:
+    return next((p for p in result.real_params if result.arguments[p] == argument), None)
+
+
+def rated_stars(results: list[StudyResult], argument: str) -> list[int] | None:
+    """Kept stars of one ScalablePPO argument over every study and evaluator (0 = none); None: not searched."""
+    ours = [r.ratings[ev][name].stars for r in results if (name := _param_of(r, argument)) is not None
+            for ev in EVALUATORS]
+    return ours if any(_param_of(r, argument) for r in results) else None
+
+
+def row_verdict(results: list[StudyResult], argument: str, documented: int) -> str:
+    """The verdict for one documented row over ``results`` ('not measured' where no study searched it)."""
+    ours = rated_stars(results, argument)
+    return "not measured" if ours is None else verdict(documented, ours)
 
 
 def side_by_side(results: list[StudyResult]) -> list[str]:
-    """The documented table's columns and ours, one row per parameter."""
-    header = ["parameter", "documented range", "documented impact"]
+    """The verdict table: documented stars, range and advice; our kept stars per study (PED-ANOVA / fANOVA) and
+    top-10% range; the verdict over all studies."""
+    header = ["parameter", "documented stars", "documented range", "documented advice"]
     for r in results:
         header += [f"{r.label}: stars PED-ANOVA / fANOVA", f"{r.label}: top-10% range"]
-    header += ["verdict (all studies, both evaluators)", "documented advice"]
+    header += ["verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in DOCUMENTED:
-        cells = [row.label + f" (`{row.argument}`)", row.range, _star_text(row.stars)]
-        ours, flagged = _row_stars(results, row.argument)
+        cells = [f"{row.label} (`{row.argument}`)", _star_text(row.stars), row.range, row.advice]
         for r in results:
             name = _param_of(r, row.argument)
             if name is None:
                 cells += ["not searched", "-"]
                 continue
-            got = [r.stars[ev][name] for ev in EVALUATORS]
-            cells += [" / ".join(_star_text(s) for s in got), _range_text(name, r.top[name])]
-        cells += [_verdict_cell(row.stars, ours, flagged), row.advice]
+            cells += [" / ".join(_rated_text(r.ratings[ev][name]) for ev in EVALUATORS), _range_text(name, r.top[name])]
+        cells.append(row_verdict(results, row.argument, row.stars))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _param_of(result: StudyResult, argument: str) -> str | None:
-    return next((p for p in result.params if result.arguments[p] == argument), None)
-
-
-def _row_stars(results: list[StudyResult], argument: str) -> tuple[list[int], bool]:
-    """Our stars for one ScalablePPO argument (every study and evaluator) and whether a small study gave some."""
-    ours, flagged = [], False
-    for r in results:
-        name = _param_of(r, argument)
-        if name is not None:
-            ours += [r.stars[ev][name] for ev in EVALUATORS]
-            flagged = flagged or too_small(r) is not None
-    return ours, flagged
-
-
 def terminal_table(results: list[StudyResult]) -> list[str]:
-    """The side-by-side table for a terminal: documented stars, ours per study (PED-ANOVA / fANOVA), verdict."""
+    """The verdict table for a terminal: documented stars, our kept stars per study (PED-ANOVA / fANOVA), verdict;
+    then one warning line per flagged study."""
     header = ["parameter", "documented"] + [r.label for r in results] + ["verdict"]
     rows = []
     for row in DOCUMENTED:
-        ours, flagged = _row_stars(results, row.argument)
         cells = [row.argument, _star_text(row.stars)]
         for r in results:
             name = _param_of(r, row.argument)
-            cells.append("not searched" if name is None else " / ".join(_star_text(r.stars[ev][name]) for ev in EVALUATORS))
-        rows.append(cells + [_verdict_cell(row.stars, ours, flagged)])
+            cells.append("not searched" if name is None else " / ".join(_rated_text(r.ratings[ev][name]) for ev in EVALUATORS))
+        rows.append(cells + [row_verdict(results, row.argument, row.stars)])
     widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *rows]]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    lines.append("stars per study: PED-ANOVA / fANOVA")
+    lines.append("stars per study: PED-ANOVA / fANOVA; –: no stars (not distinguishable from noise)")
     for r in results:
-        reason = too_small(r)
-        if reason:
-            lines.append(f"warning: {r.label} is too small for its verdicts ({reason}); rule: {SMALL_STUDY_RULE}")
+        for flag in flags(r):
+            lines.append(f"warning: {r.label} is flagged: {flag}" + (f"; rule: {SMALL_STUDY_RULE}" if flag.startswith("small") else ""))
     return lines
 
 
 def budget_text(result: StudyResult) -> str:
     """What the study cost: trials x steps x seeds, evaluation protocol, summed trial time and wall-clock span."""
     budget = result.budget
-    text = f"{result.n_trials} complete trials; best objective {result.best_value:.1f}."
+    planned = "" if result.planned is None else f" of {result.planned} planned"
+    text = (f"{result.n_trials} complete sampled trials{planned}, {len(result.noise_trials)} of {result.noise_planned} "
+            f"noise repeats; best objective {result.best_value:.1f}.")
     if budget:
         text += (f" Budget: {budget['timesteps']:,} env steps x {budget['seeds_per_trial']} seed(s) per trial, "
                  f"{budget['sampler']} sampling, evaluation of {budget['n_episodes']} "
                  f"{'deterministic ' if budget['deterministic'] else ''}episodes every {budget['eval_freq']:,} steps.")
-    durations = [t.duration.total_seconds() for t in result.trials if t.duration is not None]
-    starts = [t.datetime_start for t in result.trials if t.datetime_start is not None]
-    ends = [t.datetime_complete for t in result.trials if t.datetime_complete is not None]
+    everything = result.trials + result.noise_trials
+    durations = [t.duration.total_seconds() for t in everything if t.duration is not None]
+    starts = [t.datetime_start for t in everything if t.datetime_start is not None]
+    ends = [t.datetime_complete for t in everything if t.datetime_complete is not None]
     if durations and starts and ends:
         text += (f" Trial time summed: {sum(durations) / 60:.0f} min (median {sorted(durations)[len(durations) // 2]:.0f} s "
                  f"per trial); first start to last finish: {(max(ends) - min(starts)).total_seconds() / 60:.0f} min.")
     return text
 
 
+def noise_text(result: StudyResult) -> str:
+    """The study's noise floor in words: dummy parameters, noise repeats, seed spread of the sampled trials."""
+    dummy = (", ".join(f"`{d}`" for d in result.dummies) + " (dummy, never passed to training)") if result.dummies else \
+        "no dummy parameter: the importances have no noise floor and no parameter is rated"
+    spreads = [seed_spread(t) for t in result.trials]
+    multi = [s.std for s in spreads if s.n > 1]
+    seeds = f"; median seed std within a sampled trial {statistics.median(multi):.1f}" if multi else "; one seed per trial"
+    n = result.noise
+    if n.n_trials:
+        repeats = (f"; {n.n_trials} noise repeat(s) of the centre configuration: objective {n.mean:.1f}, std over "
+                   f"repeats {_num(n.std_trial)}, single-seed std {_num(n.std_seed)}")
+    else:
+        repeats = "; no noise repeats"
+    return f"Noise floor: {dummy}{repeats}{seeds}."
+
+
+def _num(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.1f}"
+
+
 def detail(result: StudyResult) -> list[str]:
-    """Per-study numbers: importance with its bootstrap 5-95% interval, how often the rank held, stars, top range."""
-    lines = [f"### {result.label} (`{result.name}`)", "", budget_text(result), ""]
+    """Per-study numbers: importance with bootstrap 5-95% interval, stars by rule and kept, noise-floor status,
+    top-10% range, documented row and verdict; split-half correlation; the best trials with their seed spread."""
+    title = f"### {result.label} (`{result.name}`)" + (" - UNFINISHED" if result.unfinished else "")
+    lines = [title, "", budget_text(result), "", noise_text(result), ""]
     header = ["parameter"] + [f"{EVALUATOR_TITLES[ev]} importance (5-95%)" for ev in EVALUATORS]
-    header += [f"{EVALUATOR_TITLES[ev]} rank kept" for ev in EVALUATORS] + ["stars (PED / fANOVA)", "top-10% range"]
+    header += ["stars by rule (PED / fANOVA)", "stars kept (PED / fANOVA)"] + [f"{EVALUATOR_TITLES[ev]} noise floor" for ev in EVALUATORS]
+    header += ["top-10% range", "documented", "verdict"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in sorted(result.params, key=lambda n: -result.importance["ped_anova"][n]):
-        cells = [f"`{result.arguments[p]}`" + (" (log2)" if p.startswith("log2_") else "")]
-        for ev in EVALUATORS:
-            st = result.stability[ev]
-            interval = f" ({st.low[p]:.2f}-{st.high[p]:.2f})" if st.n_resamples else ""
-            cells.append(f"{result.importance[ev][p]:.3f}{interval}")
-        for ev in EVALUATORS:
-            st = result.stability[ev]
-            cells.append(f"{st.same_rank[p]:.0%}" if st.n_resamples else "-")
-        cells += [" / ".join(str(result.stars[ev][p]) for ev in EVALUATORS), _range_text(p, result.top[p])]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(_detail_row(result, p)) + " |")
     for ev in EVALUATORS:
-        st = result.stability[ev]
-        top = max(result.importance[ev], key=result.importance[ev].__getitem__)
-        kept = f"; it stays on top in {st.same_top:.0%} of {st.n_resamples} bootstrap resamples" if st.n_resamples else ""
-        rho = result.split_half[ev]
-        halves = "" if rho is None else f"; split-half rank correlation (trials in number order) {rho:+.2f}"
-        lines.append(f"\n{EVALUATOR_TITLES[ev]}: most important `{result.arguments[top]}`{kept}{halves}.")
+        lines.append("\n" + _stability_text(result, ev))
     return lines + [""]
 
 
+def _detail_row(result: StudyResult, p: str) -> list[str]:
+    cells = [f"`{result.arguments[p]}`" + (" (log2)" if p.startswith("log2_") else "")]
+    for ev in EVALUATORS:
+        st = result.stability[ev]
+        interval = f" ({st.low[p]:.2f}-{st.high[p]:.2f})" if st.n_resamples else ""
+        cells.append(f"{result.importance[ev][p]:.3f}{interval}")
+    if p in result.dummies:
+        return cells + ["-", "-", "noise floor (dummy)", "noise floor (dummy)", _range_text(p, result.top[p]), "-", "-"]
+    cells.append(" / ".join(str(result.stars[ev][p]) for ev in EVALUATORS))
+    cells.append(" / ".join(_rated_text(result.ratings[ev][p]) for ev in EVALUATORS))
+    cells += [result.ratings[ev][p].status for ev in EVALUATORS]
+    row = documented_row(result.arguments[p])
+    cells.append(_range_text(p, result.top[p]))
+    if row is None:
+        return cells + ["-", "-"]
+    return cells + [f"{_star_text(row.stars)} {row.range}", verdict(row.stars, [result.ratings[ev][p].stars for ev in EVALUATORS])]
+
+
+def _stability_text(result: StudyResult, ev: str) -> str:
+    st = result.stability[ev]
+    top = max(result.importance[ev], key=result.importance[ev].__getitem__)
+    kept = f"; it stays on top in {st.same_top:.0%} of {st.n_resamples} bootstrap resamples" if st.n_resamples else ""
+    rho = result.split_half[ev]
+    halves = "; split-half rank correlation not computed" if rho is None else \
+        f"; split-half rank correlation (real parameters, trials in number order) {rho:+.2f}"
+    note = split_half_note(rho, result.n_trials, result.ratings[ev])
+    return f"{EVALUATOR_TITLES[ev]}: most important `{result.arguments[top]}`{kept}{halves}" + (f" ({note})" if note else "") + "."
+
+
+def best_trials(result: StudyResult) -> list[str]:
+    """The best 10% of sampled trials with their per-seed spread (all trials: trials_<label>.csv)."""
+    best = sorted(result.trials, key=lambda t: (-float(t.value), t.number))[: max(1, math.ceil(TOP_FRACTION * result.n_trials))]  # type: ignore[arg-type]
+    header = ["trial", "objective (seed mean)", "seed std", "seed min", "seed max"] + [
+        result.arguments[p] for p in result.real_params]
+    lines = [f"Best {len(best)} sampled trials (per-seed spread; every trial: [trials_{_slug(result.label)}.csv]"
+             f"(trials_{_slug(result.label)}.csv)):", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for t in best:
+        spread = seed_spread(t)
+        cells = [str(t.number), f"{float(t.value):.1f}", f"{spread.std:.1f}", f"{spread.low:.1f}", f"{spread.high:.1f}"]  # type: ignore[arg-type]
+        cells += [_fmt(p, float(t.params[p])) for p in result.real_params]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def trials_csv(result: StudyResult) -> str:
+    """Every complete trial (sampled and noise repeats): value, per-seed values and spread, parameters."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", *result.params])
+    for t in sorted(result.trials + result.noise_trials, key=lambda t: t.number):
+        spread = seed_spread(t)
+        kind = "noise_repeat" if t in result.noise_trials else "sampled"
+        seeds = ";".join(f"{float(v):.6g}" for v in t.user_attrs.get("seed_values") or [t.value])
+        writer.writerow([t.number, kind, f"{float(t.value):.6g}", f"{spread.std:.6g}", f"{spread.low:.6g}",  # type: ignore[arg-type]
+                         f"{spread.high:.6g}", seeds, *(t.params.get(p, "") for p in result.params)])
+    return buffer.getvalue()
+
+
+def legend(results: list[StudyResult], n_bootstrap: int) -> list[str]:
+    """How the report's numbers are made."""
+    return [
+        "- Importance: PED-ANOVA (global: evaluate_on_local=False; target = the top 10% of trials but at least 5, "
+        "i.e. quantile max(0.1, 5/n); negated return since it minimises) and fANOVA (64 trees, seed 0); each "
+        "normalised to sum to 1 over the searched parameters and the dummy. Noise-repeat trials are left out.",
+        f"- Stars by rule: {STARS_RULE} (over the real parameters; the dummy gets none).",
+        "- Noise floor: a dummy parameter sampled like the others but never passed to training. A parameter whose "
+        f"bootstrap 5-95% interval ({n_bootstrap} resamples) reaches down to the dummy's is {NOT_DISTINGUISHABLE} and "
+        "keeps no stars from that evaluator; so does one whose star rating holds in fewer than "
+        f"{STAR_STABILITY:.0%} of the resamples. Noise repeats (the centre configuration run again) give the "
+        "objective's seed variance.",
+        f"- Top-10% range: min-max of the parameter over the best ceil({TOP_FRACTION:.0%} x trials) sampled trials.",
+        f"- Verdict: {VERDICT_RULE}.",
+        f"- Split-half: Spearman correlation of the real parameters' importances on the first and the second half of "
+        f"the trials (each half of a Sobol sequence is itself space-filling); expected >= {MIN_SPLIT_HALF}, the report "
+        "says why where it is not.",
+        f"- Small study: {SMALL_STUDY_RULE}. Flagged here: "
+        + ("; ".join(f"{r.label}: {', '.join(flags(r))}" for r in results if flags(r)) or "none") + ".",
+    ]
+
+
 def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> None:
-    """Write report.md, importance.json, importance.png and slices_<label>.png into ``out``."""
+    """Write report.md, importance.json, importance.png, slices_<label>.png and trials_<label>.csv into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     labels = {}
     for r in results:
@@ -327,35 +456,48 @@ def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> Non
     for r in results:
         log_axes = {p for p in r.params if p == "learning_rate"}
         slice_plot(out / f"slices_{_slug(r.label)}.png", f"{r.label}: objective per parameter ({r.n_trials} trials)",
-                   r.trials, {p: labels[p] for p in r.params}, log_axes)
+                   r.trials, {p: labels[p] for p in r.params}, log_axes, r.noise_trials)
+        (out / f"trials_{_slug(r.label)}.csv").write_text(trials_csv(r))
     lines = ["# PPO hyperparameter sensitivity: measured beside the documented table", "",
              "Documented = the seed post's table (grid search claimed, no data). Ours = Optuna importance over complete "
-             f"trials of the studies below, objective `{results[0].objective}`.", "",
-             "- Importance: PED-ANOVA (global: evaluate_on_local=False; target = the top 10% of trials but at least 5, "
-             "i.e. quantile max(0.1, 5/n); negated return since it minimises) and fANOVA (64 trees, seed 0); each "
-             "normalised to sum to 1.",
-             f"- Stars: {STARS_RULE}.",
-             f"- Top-10% range: min-max of the parameter over the best ceil({TOP_FRACTION:.0%} x trials) trials.",
-             f"- Stability: {n_bootstrap} bootstrap resamples of the trials (seed 0); 'rank kept' = share of resamples "
-             "in which the parameter has the same importance rank as on all trials; split-half = Spearman correlation of "
-             "the importances on the first and the second half of the trials (each half of a Sobol sequence is itself "
-             "space-filling).",
-             "- Verdict: 'agrees' = same stars in every study and evaluator; 'within 1 star'; 'overrates'/'underrates' "
-             "= documented stars above/below ours everywhere; 'mixed' otherwise.",
-             f"- Small study: {SMALL_STUDY_RULE}. Flagged here: "
-             + ("; ".join(f"{r.label} ({reason})" for r in results if (reason := too_small(r))) or "none") + ".", "",
-             "## Side by side", "", *side_by_side(results), "",
+             f"sampled trials of the studies below, objective `{results[0].objective}`.", "",
+             *legend(results, n_bootstrap), "", "## Verdicts", "", *side_by_side(results), "",
+             "## The documented advice, where measurable", "", *(f"- {line}" for line in advice_lines(results)), "",
              "![importance](importance.png)", "", "## Per study", ""]
     for r in results:
-        lines += detail(r) + [f"![slices](slices_{_slug(r.label)}.png)", ""]
+        lines += detail(r) + best_trials(r) + [f"![slices](slices_{_slug(r.label)}.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
-    summary = {r.name: {"env": r.label, "n_trials": r.n_trials, "best_value": r.best_value,
-                        "importance": {ev: {r.arguments[p]: v for p, v in r.importance[ev].items()} for ev in EVALUATORS},
-                        "stars": {ev: {r.arguments[p]: v for p, v in r.stars[ev].items()} for ev in EVALUATORS},
-                        "top_same_share": {ev: r.stability[ev].same_top for ev in EVALUATORS},
-                        "split_half_spearman": r.split_half}
-               for r in results}
-    (out / "importance.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (out / "importance.json").write_text(json.dumps(summary(results), indent=2, sort_keys=True) + "\n")
+
+
+def summary(results: list[StudyResult]) -> dict[str, Any]:
+    """importance.json: per study its progress, importances, stars (by rule and kept), noise floor and verdicts."""
+    out: dict[str, Any] = {}
+    for r in results:
+        args = r.arguments
+        out[r.name] = {
+            "env": r.label, "n_trials": r.n_trials, "planned_trials": r.planned, "unfinished": r.unfinished is not None,
+            "noise_repeats": {"done": len(r.noise_trials), "planned": r.noise_planned, "mean": _json(r.noise.mean),
+                              "std_trial": _json(r.noise.std_trial), "std_seed": _json(r.noise.std_seed)},
+            "dummies": r.dummies, "best_value": r.best_value,
+            "importance": {ev: {args[p]: v for p, v in r.importance[ev].items()} for ev in EVALUATORS},
+            "stars": {ev: {args[p]: v for p, v in r.stars[ev].items()} for ev in EVALUATORS},
+            "stars_kept": {ev: {args[p]: g.stars for p, g in r.ratings[ev].items()} for ev in EVALUATORS},
+            "star_share": {ev: {args[p]: g.star_share for p, g in r.ratings[ev].items()} for ev in EVALUATORS},
+            "noise_floor": {ev: {args[p]: g.above_noise for p, g in r.ratings[ev].items()} for ev in EVALUATORS},
+            "interval": {ev: {args[p]: [r.stability[ev].low[p], r.stability[ev].high[p]] for p in r.params}
+                         for ev in EVALUATORS if r.stability[ev].n_resamples},
+            "verdict": {row.argument: row_verdict([r], row.argument, row.stars) for row in DOCUMENTED},
+            "top_same_share": {ev: r.stability[ev].same_top for ev in EVALUATORS},
+            "split_half_spearman": r.split_half,
+        }
+    if len(results) > 1:
+        out["all studies"] = {"verdict": {row.argument: row_verdict(results, row.argument, row.stars) for row in DOCUMENTED}}
+    return out
+
+
+def _json(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _slug(text: str) -> str:

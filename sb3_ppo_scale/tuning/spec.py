@@ -14,7 +14,13 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
   ``normalize`` (VecNormalize on observations and rewards, default false). ``policy_kwargs.activation_fn`` is a
   name (tanh, relu, elu, leaky_relu, ...: :data:`sb3_ppo_scale.experiments.pipeline.ACTIVATIONS`).
 - ``space``: ScalablePPO argument -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
-  ``schedule: linear`` (floats only) decays the value linearly to 0 over training.
+  ``schedule: linear`` (floats only) decays the value linearly to 0 over training. An entry of ``type: dummy`` (any
+  name that is not a ScalablePPO argument, e.g. ``dummy: {type: dummy}``) is a **noise-floor parameter**: a float in
+  [``low``, ``high``] (default [0, 1]) sampled like the others and never passed to training, so its importance is
+  what seed noise alone produces (:mod:`sb3_ppo_scale.tuning.noise`).
+- ``noise_repeats`` (int >= 0, default 0): trials of the space's centre configuration
+  (:func:`centre_values`) enqueued before the sampled ones and marked as such; they measure the objective's seed
+  variance and are left out of importance. They come on top of ``n_trials``.
 - ``sampler``: ``{name: random|sobol|tpe, seed}`` (default sobol for sensitivity, tpe for search);
   ``pruner``: ``{name: none|median}`` (median only in search mode).
 - ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
@@ -41,14 +47,16 @@ from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
-            "sampler", "pruner", "n_trials", "storage", "output_dir"}
+            "sampler", "pruner", "n_trials", "noise_repeats", "storage", "output_dir"}
 EVAL_KEYS = {"eval_freq", "n_episodes", "deterministic", "objective"}
 PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "schedule"}
 MODES = ("sensitivity", "search")
 OBJECTIVES = ("auc", "final")
 SAMPLERS = {"sensitivity": ("random", "sobol"), "search": ("tpe", "random", "sobol")}
 PRUNERS = {"sensitivity": ("none",), "search": ("none", "median")}
-PARAM_TYPES = ("float", "int", "pow2", "categorical")
+PARAM_TYPES = ("float", "int", "pow2", "categorical", "dummy")
+#: Range of a ``dummy`` parameter unless the spec gives ``low``/``high``.
+DUMMY_RANGE = (0.0, 1.0)
 SCHEDULES = ("constant", "linear")
 ACTIVATIONS = tuple(ACTIVATION_CLASSES)
 #: Base-config keys that are not ScalablePPO arguments.
@@ -75,6 +83,11 @@ class ParamSpec:
     def optuna_name(self) -> str:
         """The parameter's name inside the Optuna study."""
         return f"log2_{self.name}" if self.type == "pow2" else self.name
+
+    @property
+    def is_dummy(self) -> bool:
+        """A noise-floor parameter: sampled, never passed to training."""
+        return self.type == "dummy"
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class StudySpec:
     sampler: dict[str, Any] = field(default_factory=dict)
     pruner: dict[str, Any] = field(default_factory=dict)
     n_trials: int = 32
+    noise_repeats: int = 0
     storage: str | None = None
     output_dir: Path = Path(".")
     path: Path | None = None
@@ -110,6 +124,16 @@ class StudySpec:
     def study_name(self, env_id: str) -> str:
         """The Optuna study name for ``env_id``."""
         return f"{self.name}:{env_id}"
+
+    @property
+    def trained_space(self) -> tuple[ParamSpec, ...]:
+        """The searched parameters that training receives (dummies left out)."""
+        return tuple(p for p in self.space if not p.is_dummy)
+
+    @property
+    def dummies(self) -> tuple[ParamSpec, ...]:
+        """The noise-floor parameters (``type: dummy``)."""
+        return tuple(p for p in self.space if p.is_dummy)
 
     @property
     def n_envs(self) -> int:
@@ -194,6 +218,7 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         sampler=_check_sampler(raw.get("sampler") or {}, mode),
         pruner=_check_pruner(raw.get("pruner") or {}, mode),
         n_trials=_positive_int(raw.get("n_trials", 32), "spec.n_trials"),
+        noise_repeats=_non_negative_int(raw.get("noise_repeats", 0), "spec.noise_repeats"),
         storage=_check_storage(raw.get("storage"), base_dir),
         output_dir=(base_dir / str(raw.get("output_dir", DEFAULT_RESULTS_DIR / name))),
         path=path,
@@ -255,13 +280,35 @@ def _check_space(raw: Any, base: dict[str, Any]) -> tuple[ParamSpec, ...]:
     raw = _mapping(raw, "spec.space")
     if not raw:
         raise ValueError("spec.space must name at least one ScalablePPO argument to search")
-    _check_keys(raw, PPO_ARGS - {"policy"}, "spec.space")
+    dummies = {name for name, entry in raw.items() if isinstance(entry, dict) and entry.get("type") == "dummy"}
+    _check_keys({k: v for k, v in raw.items() if k not in dummies}, PPO_ARGS - {"policy"}, "spec.space")
     params = []
     for name, entry in raw.items():
         if name in base:
             raise ValueError(f"spec.space.{name} is also fixed in spec.base; keep it in one of them")
-        params.append(_check_param(name, entry))
+        if name in dummies:
+            params.append(_check_dummy(name, entry))
+        else:
+            params.append(_check_param(name, entry))
+    if not any(not p.is_dummy for p in params):
+        raise ValueError("spec.space must name at least one ScalablePPO argument besides its dummy parameter(s)")
     return tuple(params)
+
+
+def _check_dummy(name: str, raw: dict[str, Any]) -> ParamSpec:
+    """A ``type: dummy`` entry: a name that is no ScalablePPO argument, optional float ``low`` < ``high``."""
+    where = f"spec.space.{name}"
+    if name in PPO_ARGS or name in RESERVED_ARGS:
+        raise ValueError(f"{where}: a dummy parameter must not be named like a ScalablePPO argument ({name!r} is one); "
+                         "call it e.g. 'dummy'")
+    _check_keys(raw, {"type", "low", "high"}, where)
+    low, high = raw.get("low", DUMMY_RANGE[0]), raw.get("high", DUMMY_RANGE[1])
+    for key, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}.{key} must be a number, got {value!r}")
+    if not low < high:
+        raise ValueError(f"{where}: low must be < high for type dummy, got low={low}, high={high}")
+    return ParamSpec(name, "dummy", low=float(low), high=float(high))
 
 
 def _check_param(name: str, raw: Any) -> ParamSpec:
@@ -364,10 +411,35 @@ def _int(value: Any, where: str) -> int:
     return value
 
 
+def _non_negative_int(value: Any, where: str) -> int:
+    if _int(value, where) < 0:
+        raise ValueError(f"{where} must be an int >= 0, got {value!r}")
+    return value
+
+
 def _positive_int(value: Any, where: str) -> int:
     if _int(value, where) < 1:
         raise ValueError(f"{where} must be an int >= 1, got {value!r}")
     return value
+
+
+def centre_values(spec: StudySpec) -> dict[str, Any]:
+    """The space's centre in Optuna's names: the middle of each range (geometric middle of a log range, rounded for
+    ints and pow2 exponents, snapped to ``step``), the first choice of a categorical; the noise-repeat trials run it."""
+    return {p.optuna_name: _centre(p) for p in spec.space}
+
+
+def _centre(param: ParamSpec) -> Any:
+    if param.type == "categorical":
+        return param.choices[0]
+    if param.type == "pow2":
+        low, high = pow2_bounds(param)
+        return (low + high) // 2
+    low, high = float(param.low), float(param.high)  # type: ignore[arg-type]
+    middle = math.sqrt(low * high) if param.log else (low + high) / 2
+    if param.step:
+        middle = low + round((middle - low) / param.step) * param.step
+    return int(round(middle)) if param.type == "int" else float(middle)
 
 
 def pow2_bounds(param: ParamSpec) -> tuple[int, int]:

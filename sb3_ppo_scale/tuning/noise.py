@@ -1,0 +1,105 @@
+"""The noise floor of a study: repeated trials of one fixed configuration, and the seed spread of every trial.
+
+- ``noise_repeats: N`` in a spec enqueues N trials of the space's centre (:func:`~sb3_ppo_scale.tuning.spec.centre_values`)
+  before the sampled trials. Each carries the user attribute :data:`NOISE_ATTR` (its index 0..N-1); a re-queued copy
+  of one (a killed or preempted worker) inherits it when it starts (:func:`inherit_noise_mark`). Their objectives
+  differ only by seed, so their spread is the objective's seed variance; they are left out of importance fitting.
+- The dummy parameter (``type: dummy`` in the space) is the other half of the noise floor; its importance is read
+  in :mod:`sb3_ppo_scale.tuning.verdicts`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from sb3_ppo_scale.tuning.spec import StudySpec, centre_values
+from sb3_ppo_scale.tuning.storage import RETRY_ATTR
+
+#: User attribute of a noise-repeat trial: its index among the study's ``noise_repeats``.
+NOISE_ATTR = "noise_repeat"
+#: Trial states in which an enqueued noise repeat still counts as present (not lost).
+_LIVE_STATES = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
+
+
+def is_noise_trial(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` is a noise repeat (run at the fixed centre configuration)."""
+    return NOISE_ATTR in trial.user_attrs
+
+
+def enqueue_noise_repeats(study: optuna.Study, spec: StudySpec) -> list[int]:
+    """Enqueue the noise repeats ``0 .. spec.noise_repeats - 1`` that are neither waiting, running nor complete;
+    returns the indices enqueued (none on a resumed study that has them all)."""
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    present = set()
+    for trial in trials:
+        if trial.state not in _LIVE_STATES:
+            continue
+        mark = trial.user_attrs.get(NOISE_ATTR)
+        if mark is None and RETRY_ATTR in trial.user_attrs:  # a waiting re-queued copy not yet marked
+            mark = by_number.get(trial.user_attrs[RETRY_ATTR], trial).user_attrs.get(NOISE_ATTR)
+        if mark is not None:
+            present.add(int(mark))
+    missing = [index for index in range(spec.noise_repeats) if index not in present]
+    params = centre_values(spec)
+    for index in missing:
+        study.enqueue_trial(params, user_attrs={NOISE_ATTR: index}, skip_if_exists=False)
+    return missing
+
+
+def inherit_noise_mark(trial: optuna.Trial) -> None:
+    """Mark a re-queued copy of a noise repeat as that repeat (``retry_of`` names the original trial)."""
+    attrs = trial.user_attrs
+    if NOISE_ATTR in attrs or RETRY_ATTR not in attrs:
+        return
+    original = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == attrs[RETRY_ATTR]), None)
+    if original is not None and NOISE_ATTR in original.user_attrs:
+        trial.set_user_attr(NOISE_ATTR, original.user_attrs[NOISE_ATTR])
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """Per-seed objectives of one trial: mean, sample standard deviation (ddof 1; 0 for one seed), min and max."""
+
+    n: int
+    mean: float
+    std: float
+    low: float
+    high: float
+
+
+def seed_spread(trial: FrozenTrial) -> SeedSpread:
+    """The spread of ``trial``'s per-seed objectives (``seed_values``; a trial without them: its value, one seed)."""
+    values = [float(v) for v in trial.user_attrs.get("seed_values") or [trial.value]]
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return SeedSpread(len(values), float(np.mean(values)), std, min(values), max(values))
+
+
+@dataclass(frozen=True)
+class NoiseEstimate:
+    """The noise repeats of a study: how many completed, the mean and standard deviation of their trial objectives
+    (each a mean over ``seeds_per_trial`` seeds), and the standard deviation of single-seed objectives pooled over
+    them (NaN where undefined)."""
+
+    n_trials: int
+    mean: float
+    std_trial: float
+    std_seed: float
+
+
+def noise_estimate(trials: list[FrozenTrial]) -> NoiseEstimate:
+    """Summarise the COMPLETE noise repeats among ``trials``."""
+    repeats = [t for t in trials if is_noise_trial(t) and t.state == TrialState.COMPLETE and t.value is not None]
+    values = [float(t.value) for t in repeats]  # type: ignore[arg-type]
+    seeds = [float(v) for t in repeats for v in (t.user_attrs.get("seed_values") or [t.value])]
+    return NoiseEstimate(
+        n_trials=len(repeats),
+        mean=float(np.mean(values)) if values else math.nan,
+        std_trial=float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
+        std_seed=float(np.std(seeds, ddof=1)) if len(seeds) > 1 else math.nan,
+    )
