@@ -1,0 +1,153 @@
+"""The noise floor's pieces without training: spec keys, the centre configuration, seeds per repeat, enqueueing
+repeats on a resumed study (a re-queued repeat stays a repeat), the advice checks and the committed study specs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sb3_ppo_scale.tuning import load_spec, spec_from_dict
+from sb3_ppo_scale.tuning.advice import batch_line, epsilon_line, lambda_lines, trend
+from sb3_ppo_scale.tuning.noise import NOISE_ATTR, NoiseEstimate, enqueue_noise_repeats, inherit_noise_mark, seed_spread
+from sb3_ppo_scale.tuning.objective import decode_params, trial_seeds
+from sb3_ppo_scale.tuning.spec import centre_values
+from sb3_ppo_scale.tuning.storage import requeue
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def raw_spec(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "n", "envs": ["CartPole-v1"], "timesteps": 256, "seeds_per_trial": 3, "noise_repeats": 2,
+        "evaluation": {"eval_freq": 128, "n_episodes": 1},
+        "base": {"n_steps": 64, "n_envs": 2},
+        "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},
+                  "learning_rate": {"type": "float", "low": 1e-4, "high": 4e-4, "log": True},
+                  "batch_size": {"type": "pow2", "low": 16, "high": 128},
+                  "n_epochs": {"type": "int", "low": 3, "high": 10},
+                  "dummy": {"type": "dummy"}},
+    }
+    raw.update(overrides)
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"noise_repeats": -1}, r"spec.noise_repeats must be an int >= 0, got -1"),
+        ({"noise_repeats": 1.5}, r"spec.noise_repeats must be an int, got 1.5"),
+        ({"space": {"clip_range": {"type": "gaussian", "low": 0.1, "high": 0.3}}},
+         r"spec.space.clip_range.type must be one of \('float', 'int', 'pow2', 'categorical', 'dummy'\), got 'gaussian'"),
+        ({"space": {"clip_range": {"type": "dummy"}}}, r"must not be named like a ScalablePPO argument \('clip_range'"),
+        ({"space": {"noise": {"type": "dummy", "low": 1, "high": 1}}}, r"spec.space.noise: low must be < high"),
+        ({"space": {"noise": {"type": "dummy", "log": True}}}, r"spec.space.noise: unknown key\(s\) \['log'\]"),
+        ({"space": {"noise": {"type": "dummy"}}}, "besides its dummy parameter"),
+    ],
+)
+def test_bad_noise_keys_are_value_errors(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec_from_dict(raw_spec(**change))
+
+
+def test_centre_seeds_and_decoding() -> None:
+    spec = spec_from_dict(raw_spec())
+    assert [p.name for p in spec.dummies] == ["dummy"] and "dummy" not in [p.name for p in spec.trained_space]
+    centre = centre_values(spec)
+    assert centre == {"clip_range": pytest.approx(0.2), "learning_rate": pytest.approx(2e-4),
+                      "log2_batch_size": 5, "n_epochs": 6, "dummy": 0.5}  # log: geometric middle; pow2: exponent
+    assert decode_params(spec, centre) == {"clip_range": pytest.approx(0.2), "learning_rate": pytest.approx(2e-4),
+                                           "batch_size": 32, "n_epochs": 6}  # the dummy never reaches training
+    assert trial_seeds(spec) == [0, 1, 2] and trial_seeds(spec, 0) == [0, 1, 2] and trial_seeds(spec, 2) == [6, 7, 8]
+
+
+def test_noise_repeats_are_enqueued_once_and_a_requeued_repeat_stays_one() -> None:
+    spec = spec_from_dict(raw_spec())
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_noise_repeats(study, spec) == [0, 1]
+    assert enqueue_noise_repeats(study, spec) == []  # resumed: both are waiting
+    first = study.ask()
+    assert first.user_attrs[NOISE_ATTR] == 0 and first.params == {} and first.study is not None
+    value = first.suggest_float("clip_range", 0.1, 0.3)
+    assert value == pytest.approx(0.2)
+    study.tell(first, state=TrialState.FAIL)  # e.g. a preempted worker
+    frozen = study.get_trials()[first.number]
+    assert requeue(study, frozen)  # storage's retry copies params and retry_of, not the noise mark ...
+    assert enqueue_noise_repeats(study, spec) == []  # ... yet the waiting copy counts as repeat 0
+    second = study.ask()  # repeat 1 (enqueued earlier) runs first
+    assert second.user_attrs[NOISE_ATTR] == 1
+    study.tell(second, 1.0)
+    retry = study.ask()
+    assert NOISE_ATTR not in retry.user_attrs
+    inherit_noise_mark(retry)  # what the objective does first
+    assert retry.user_attrs[NOISE_ATTR] == 0
+    study.tell(retry, 2.0)
+    assert enqueue_noise_repeats(study, spec) == []
+    assert spec_from_dict(raw_spec(noise_repeats=3)).noise_repeats == 3
+    assert enqueue_noise_repeats(study, spec_from_dict(raw_spec(noise_repeats=3))) == [2]  # raised later: one more
+
+
+def test_seed_spread() -> None:
+    trial = optuna.trial.create_trial(value=2.0, user_attrs={"seed_values": [1.0, 2.0, 3.0]})
+    spread = seed_spread(trial)
+    assert (spread.n, spread.mean, spread.std, spread.low, spread.high) == (3, 2.0, 1.0, 1.0, 3.0)
+    single = seed_spread(optuna.trial.create_trial(value=5.0))
+    assert (single.n, single.std, single.low, single.high) == (1, 0.0, 5.0, 5.0)
+
+
+class _Result:
+    """What the advice checks read from a report's study result."""
+
+    def __init__(self, label: str, env_id: str, trials: list[optuna.trial.FrozenTrial], noise: NoiseEstimate) -> None:
+        self.label, self.env_id, self.trials, self.noise, self.schedules = label, env_id, trials, noise, {}
+        self.arguments = {"clip_range": "clip_range", "log2_batch_size": "batch_size", "gae_lambda": "gae_lambda"}
+
+
+def _trials(objective: Any, n: int = 20) -> list[optuna.trial.FrozenTrial]:
+    dists = {"clip_range": optuna.distributions.FloatDistribution(0.1, 0.3),
+             "log2_batch_size": optuna.distributions.IntDistribution(6, 12),
+             "gae_lambda": optuna.distributions.FloatDistribution(0.9, 0.99)}
+    out = []
+    for i in range(n):
+        params = {"clip_range": 0.1 + 0.2 * i / n, "log2_batch_size": 6 + i % 7, "gae_lambda": 0.9 + 0.09 * ((7 * i) % n) / n}
+        out.append(optuna.trial.create_trial(params=params, distributions=dists, value=objective(params)))
+    return out
+
+
+def test_advice_checks_measure_trends() -> None:
+    smaller_clip_wins = _trials(lambda p: -p["clip_range"])
+    rho, p = trend(smaller_clip_wins, "clip_range")  # type: ignore[misc]
+    assert rho == pytest.approx(-1.0) and p < 0.05
+    noise = NoiseEstimate(3, 100.0, 5.0, 10.0)
+    result = _Result("Pendulum-v1", "Pendulum-v1", smaller_clip_wins, noise)
+    assert "rho(`clip_range`, objective) = -1.00" in epsilon_line(result) and "supports the advice" in epsilon_line(result)
+    assert "no significant trend" in batch_line(result)  # batch size cycles independently of the objective
+    bigger_batch_wins = _Result("Pendulum-v1", "Pendulum-v1", _trials(lambda p: p["log2_batch_size"]), noise)
+    assert "rho(`batch_size` (log2), objective) = +1.00" in batch_line(bigger_batch_wins)
+    assert "supports the advice" in batch_line(bigger_batch_wins)
+    discrete = _Result("CartPole-v1", "CartPole-v1", smaller_clip_wins, noise)
+    assert "not applicable (action space discrete)" in epsilon_line(discrete)
+    # lambda: the noisier env (seed CV 0.5 against 0.1) has the lower top-decile lambda -> consistent
+    calm = _Result("A", "A", _trials(lambda p: p["gae_lambda"]), NoiseEstimate(3, 100.0, 5.0, 10.0))
+    noisy = _Result("B", "B", _trials(lambda p: -p["gae_lambda"]), NoiseEstimate(3, 100.0, 20.0, 50.0))
+    line, = lambda_lines([noisy, calm])
+    assert line.index("A: seed CV 0.10") < line.index("B: seed CV 0.50") and line.endswith("consistent with the advice "
+                                                                                      "(an ordering of a few envs, not a test).")
+    assert "not checkable" in lambda_lines([calm])[0]
+    assert not math.isnan(noise.std_seed)
+
+
+@pytest.mark.parametrize("name", ["ppo-sensitivity-300k-halfcheetah.yaml", "ppo-sensitivity-300k-hopper.yaml"])
+def test_real_study_specs(name: str) -> None:
+    """The specs of the noise-floor studies: >= 300k steps, 3 seeds, a dummy, noise repeats, Sobol, a journal under
+    tuning/results/<name>/ that later sessions append to."""
+    spec = load_spec(ROOT / "tuning" / name)
+    assert spec.timesteps >= 300_000 and spec.seeds_per_trial == 3 and spec.noise_repeats >= 8
+    assert [p.type for p in spec.dummies] == ["dummy"] and spec.sampler["name"] in ("sobol", "random")
+    assert spec.storage == f"tuning/results/{spec.name}/{spec.name}.journal"
+    assert {p.name for p in spec.trained_space} == {"clip_range", "learning_rate", "gae_lambda", "batch_size", "n_epochs"}
+    assert spec.rollout_size >= 4096 and spec.base["normalize"] is True
