@@ -1,0 +1,175 @@
+"""train() throughput of the Scalable contrib classes against sb3-contrib's, at the same config.
+
+For each case (rl_zoo3's ppo_lstm entries for CartPoleNoVel-v1 and PendulumNoVel-v1, with VecNormalize as the zoo;
+a masking env for MaskablePPO), every model is built with the same seed and collects one rollout with its own
+``collect_rollouts`` (the Scalable classes collect exactly as contrib's do). Then each model's ``train()`` is timed
+``--repeats`` times, interleaved (contrib, ours, ours batched, contrib, ...), each call on a fresh copy of the
+collected rollout (restored outside the timing: contrib's buffer flattens itself in place on first use), after one
+untimed warm-up call each. Samples/s = ``n_epochs * n_steps * n_envs / seconds`` of ``train()``; the table gives the
+medians and each class's ratio to the contrib class's median. One torch thread (``OMP_NUM_THREADS=1``,
+``torch.set_num_threads(1)``).
+
+    OMP_NUM_THREADS=1 python benchmarks/contrib_train.py [--repeats 5] [--cases cartpole_novel,pendulum_novel,masking]
+
+Writes ``benchmarks/results/contrib/train_cpu.md`` (``--out`` to change the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.utils import get_linear_fn
+from stable_baselines3.common.vec_env import VecNormalize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine_line  # noqa: E402
+from sb3_contrib import MaskablePPO, RecurrentPPO  # noqa: E402
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete  # noqa: E402
+
+from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO  # noqa: E402
+
+
+def _zoo_lstm_kwargs() -> dict[str, Any]:
+    """rl_zoo3 ppo_lstm.yml's policy_kwargs of both NoVel entries."""
+    return dict(ortho_init=False, activation_fn=th.nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True,
+                net_arch=dict(pi=[64], vf=[64]))
+
+
+@dataclass
+class Case:
+    """One benchmark configuration: the env, its model arguments, and the classes to time (label -> class, kwargs)."""
+
+    name: str
+    make_env: Callable[[], Any]
+    model_kwargs: dict[str, Any]
+    policy: str
+    classes: dict[str, tuple[type, dict[str, Any]]] = field(default_factory=dict)
+
+
+def _novel_env(env_id: str, n_envs: int) -> Callable[[], Any]:
+    def make() -> Any:
+        import rl_zoo3.import_envs  # noqa: F401  (registers the NoVel envs)
+
+        return VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=0))
+
+    return make
+
+
+RECURRENT = {"RecurrentPPO": (RecurrentPPO, {}), "ScalableRecurrentPPO": (ScalableRecurrentPPO, {}),
+             "ScalableRecurrentPPO(batched_sequences=True)": (ScalableRecurrentPPO, {"batched_sequences": True})}
+CASES = {
+    "cartpole_novel": Case(  # rl_zoo3 ppo_lstm.yml CartPoleNoVel-v1 (tuned)
+        "CartPoleNoVel-v1 (zoo ppo_lstm: 8 envs x 32 steps, batch 256, 20 epochs, LSTM 64)",
+        _novel_env("CartPoleNoVel-v1", 8),
+        dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+             learning_rate=get_linear_fn(1e-3, 0.0, 1.0), clip_range=get_linear_fn(0.2, 0.0, 1.0),
+             policy_kwargs=_zoo_lstm_kwargs()),
+        "MlpLstmPolicy", RECURRENT),
+    "pendulum_novel": Case(  # rl_zoo3 ppo_lstm.yml PendulumNoVel-v1
+        "PendulumNoVel-v1 (zoo ppo_lstm: 4 envs x 1024 steps, batch 128, 10 epochs, gSDE, LSTM 64)",
+        _novel_env("PendulumNoVel-v1", 4),
+        dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
+             clip_range=0.2, use_sde=True, sde_sample_freq=4, policy_kwargs=_zoo_lstm_kwargs()),
+        "MlpLstmPolicy", RECURRENT),
+    "masking": Case(  # contrib's documented masking test env, at MaskablePPO's defaults but a shorter rollout
+        "InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60) (MaskablePPO defaults, 4 envs x 512 steps)",
+        lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60), n_envs=4, seed=0),
+        dict(n_steps=512), "MlpPolicy",
+        {"MaskablePPO": (MaskablePPO, {}), "ScalableMaskablePPO": (ScalableMaskablePPO, {})}),
+}
+
+
+def collected(cls: type, case: Case, extra: dict[str, Any]) -> tuple[Any, Any]:
+    """A model of ``cls`` with one collected rollout, and a pristine copy of its rollout buffer."""
+    model = cls(case.policy, case.make_env(), seed=0, device="cpu", **case.model_kwargs, **extra)
+    model.set_logger(configure(None, []))
+    total, callback = model._setup_learn(model.n_steps * model.n_envs, None)
+    callback.on_training_start(locals(), globals())
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+    model._update_current_progress_remaining(model.num_timesteps, total)
+    return model, copy.deepcopy(model.rollout_buffer)
+
+
+def timed_train(model: Any, pristine: Any) -> float:
+    """Seconds of one ``train()`` on a fresh copy of the collected rollout (copied outside the timing)."""
+    model.rollout_buffer = copy.deepcopy(pristine)
+    start = time.perf_counter()
+    model.train()
+    return time.perf_counter() - start
+
+
+def run_case(case: Case, repeats: int) -> list[tuple[str, float, list[float]]]:
+    """``(label, median samples/s, all samples/s)`` per class, timed interleaved."""
+    models = {label: collected(cls, case, extra) for label, (cls, extra) in case.classes.items()}
+    for model, pristine in models.values():
+        timed_train(model, pristine)  # warm-up, untimed
+    seconds: dict[str, list[float]] = {label: [] for label in models}
+    for _ in range(repeats):
+        for label, (model, pristine) in models.items():
+            seconds[label].append(timed_train(model, pristine))
+    rows = []
+    for label, (model, _) in models.items():
+        samples = model.n_epochs * model.n_steps * model.n_envs
+        rates = [samples / s for s in seconds[label]]
+        rows.append((label, statistics.median(rates), rates))
+    return rows
+
+
+def report(results: dict[str, list[tuple[str, float, list[float]]]], repeats: int) -> str:
+    lines = [
+        "# train() samples/s: Scalable contrib classes against sb3-contrib's (CPU, one thread)",
+        "",
+        f"{datetime.date.today()}, {machine_line('cpu')}; `OMP_NUM_THREADS=1 python benchmarks/contrib_train.py "
+        f"--repeats {repeats}`. Median of {repeats} interleaved train() calls per class after one untimed warm-up, each "
+        "on a fresh copy of the same collected rollout; samples/s = n_epochs * n_steps * n_envs / seconds.",
+        "",
+        "| case | class | train() samples/s (median) | x contrib | all runs |",
+        "|---|---|---:|---:|---|",
+    ]
+    for case_name, rows in results.items():
+        base = rows[0][1]
+        for label, rate, rates in rows:
+            runs = ", ".join(f"{r:,.0f}" for r in rates)
+            lines.append(f"| {CASES[case_name].name} | {label} | {rate:,.0f} | {rate / base:.2f} | {runs} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "contrib")
+    args = parser.parse_args(argv)
+    cases = args.cases.split(",")
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: unknown {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    if os.environ.get("OMP_NUM_THREADS") != "1":
+        print("note: run with OMP_NUM_THREADS=1 for the documented one-thread figures", file=sys.stderr)
+    th.set_num_threads(1)
+    results = {}
+    for name in cases:
+        results[name] = run_case(CASES[name], args.repeats)
+        for label, rate, _ in results[name]:
+            print(f"{name:16s} {label:45s} {rate:10,.0f} samples/s", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = report(results, args.repeats)
+    (args.out / "train_cpu.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
