@@ -177,3 +177,21 @@ def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
     optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # same values, new storage: recapture
     assert key() != first
     assert optimizer.param_groups[0]["capturable"] is False  # close() gave the optimizer back
+
+
+def test_cpu_adam_takes_its_multi_tensor_step_during_train_only(monkeypatch) -> None:
+    """train() steps a CPU Adam with foreach=True (same numbers: tests/test_parity.py) and gives foreach=None back."""
+    from sb3_ppo_scale.core import step as step_module
+
+    model = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0, device="cpu")
+    seen = []
+    original = step_module.NonFiniteGuard.step
+    monkeypatch.setattr(step_module.NonFiniteGuard, "step", lambda self, optimizer, *args: (
+        seen.append(optimizer.param_groups[0]["foreach"]), original(self, optimizer, *args))[1])
+    model.learn(32)
+    assert seen == [True]
+    assert model.policy.optimizer.param_groups[0]["foreach"] is None
+    rmsprop = th.optim.RMSprop(model.policy.parameters())
+    assert step_module.multi_tensor_steps(rmsprop, list(model.policy.parameters())) == []  # not proven equal: untouched
+    model.policy.optimizer.param_groups[0]["foreach"] = False  # a user's explicit choice is kept
+    assert step_module.multi_tensor_steps(model.policy.optimizer, list(model.policy.parameters())) == []
