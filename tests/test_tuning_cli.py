@@ -78,6 +78,11 @@ def test_quick_study_then_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     # The same folder with another budget is not mixed into the study.
     assert cli.main(["tune", str(spec_path), "--n-timesteps", "512", "--n-trials", "4"]) == 2
     assert "was run with another budget" in capsys.readouterr().err
+    # ... nor with another search space (a dummy added to a running study would mix two designs).
+    assert cli.main(["tune", str(spec_path), "--n-timesteps", "256", "--set", "evaluation.n_episodes=2",
+                     "--set", "space.dummy.type=dummy", "--n-trials", "4"]) == 2
+    assert "searched other parameters (stored: ['clip_range', 'learning_rate', 'n_epochs'], asked: ['clip_range', " \
+           "'dummy', 'learning_rate', 'n_epochs'])" in capsys.readouterr().err
 
     assert cli.main(["report", str(spec_path), "--bootstrap", "4"]) == 0
     out = capsys.readouterr().out

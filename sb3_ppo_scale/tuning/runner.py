@@ -106,8 +106,8 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
     """Create or load the env's study (maximize) with the spec's sampler and pruner; record the plan (``planned``
     sampled trials, default the spec's ``n_trials``; its noise repeats and dummy parameters) on it.
 
-    A study that already holds trials measured with another budget (e.g. an earlier ``--n-timesteps``) is not
-    resumed: ValueError naming both budgets.
+    A study that already holds trials measured with another budget (e.g. an earlier ``--n-timesteps``) or over
+    other parameters (e.g. a dummy added later) is not resumed: ValueError naming both.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -115,13 +115,18 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
         sampler=make_sampler(spec), pruner=make_pruner(spec), load_if_exists=True,
     )
     budget, stored = study_budget(spec), study.user_attrs.get("budget")
-    if stored and stored != budget and study.get_trials(deepcopy=False):
+    has_trials = bool(study.get_trials(deepcopy=False))
+    if stored and stored != budget and has_trials:
         changed = {k: (stored.get(k), v) for k, v in budget.items() if stored.get(k) != v}
         raise ValueError(f"study {study.study_name!r} in {storage} was run with another budget (stored, asked: "
                          f"{changed}); use another --storage to start a new study")
+    space, stored_space = {p.optuna_name: p.name for p in spec.space}, study.user_attrs.get("space")
+    if stored_space and stored_space != space and has_trials:
+        raise ValueError(f"study {study.study_name!r} in {storage} searched other parameters (stored: "
+                         f"{sorted(stored_space)}, asked: {sorted(space)}); use another --storage to start a new study")
     study.set_user_attr("env_id", env_id)
     study.set_user_attr("objective", spec.evaluation.objective)
-    study.set_user_attr("space", {p.optuna_name: p.name for p in spec.space})
+    study.set_user_attr("space", space)
     study.set_user_attr("budget", budget)
     study.set_user_attr(PLANNED_ATTR, spec.n_trials if planned is None else planned)
     study.set_user_attr(NOISE_REPEATS_ATTR, spec.noise_repeats)
