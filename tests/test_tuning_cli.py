@@ -143,3 +143,62 @@ def test_trial_config_is_a_zoo_config(tmp_path: Path) -> None:
     assert kwargs["learning_rate"] == LinearSchedule(3e-4) and kwargs["clip_range"] == 0.25 and kwargs["n_epochs"] == 2
     assert kwargs["policy_kwargs"]["activation_fn"] is __import__("torch").nn.ReLU and kwargs["device"] == "cpu"
     assert config.normalize is None and config.vec_env == "dummy"
+
+
+def _synthetic_study(journal: Path, env_id: str, clip_effect: float, n_trials: int = 24) -> None:
+    """A study as `tune` records it, without training: objective = clip_effect * clip_range + a little of n_epochs;
+    the dummy does nothing; two noise repeats at the centre."""
+    study = optuna.create_study(storage=open_storage(str(journal)), study_name=f"syn:{env_id}", direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    for key, value in {"env_id": env_id, "objective": "auc", "planned_trials": n_trials, "noise_repeats": 2,
+                       "dummies": ["dummy"], "space": {"clip_range": "clip_range", "n_epochs": "n_epochs", "dummy": "dummy"},
+                       "schedules": {"clip_range": "constant"}}.items():
+        study.set_user_attr(key, value)
+    for index in range(2):
+        study.enqueue_trial({"clip_range": 0.2, "n_epochs": 6, "dummy": 0.5}, user_attrs={"noise_repeat": index})
+
+    def objective(trial: optuna.Trial) -> float:
+        clip, epochs = trial.suggest_float("clip_range", 0.1, 0.3), trial.suggest_int("n_epochs", 3, 10)
+        trial.suggest_float("dummy", 0.0, 1.0)
+        seeds = [clip_effect * clip + 0.01 * epochs + 0.001 * k + 0.0001 * trial.number for k in range(3)]
+        trial.set_user_attr("seed_values", seeds)
+        return sum(seeds) / 3
+
+    study.optimize(objective, n_trials=n_trials + 2)
+
+
+def test_report_over_two_journals_rates_a_real_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One report over two journals: a parameter with a real effect clears the dummy and keeps 4 stars (agrees with
+    the documented 4 for clip epsilon); the noise repeats are counted apart; the dummy gets no stars."""
+    import json
+
+    first, second = tmp_path / "a.journal", tmp_path / "b.journal"
+    _synthetic_study(first, "Pendulum-v1", 10.0)
+    _synthetic_study(second, "MountainCarContinuous-v0", 5.0)
+    out = tmp_path / "both"
+    assert cli.main(["report", str(first), str(second), "--out", str(out), "--bootstrap", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0].split() == ["parameter", "documented", "Pendulum-v1", "MountainCarContinuous-v0",
+                                               "verdict"]
+    clip = next(line for line in printed.splitlines() if line.startswith("clip_range ")).split()
+    # fANOVA separates the effect from the dummy at 24 trials; PED-ANOVA (top 5 trials) may not: its dummy's
+    # interval is wide at this size, so there it keeps 4 stars or none, never other stars
+    assert clip[:2] == ["clip_range", "★★★★"] and clip[3::3] == ["/", "/"] and clip[4::3] == ["★★★★", "★★★★"]
+    assert set(clip[2:8:3]) <= {"★★★★", "–"} and clip[-1] == "agrees"
+    summary = json.loads((out / "importance.json").read_text())
+    assert summary["all studies"]["verdict"]["clip_range"] == "agrees"
+    for name in ("syn:Pendulum-v1", "syn:MountainCarContinuous-v0"):
+        study = summary[name]
+        assert study["n_trials"] == 24 and study["noise_repeats"]["done"] == 2 and study["unfinished"] is False
+        assert study["stars_kept"]["fanova"]["clip_range"] == 4 and study["star_share"]["fanova"]["clip_range"] == 1.0
+        assert study["noise_floor"]["fanova"]["clip_range"] is True
+        assert study["stars_kept"]["ped_anova"]["clip_range"] in (0, 4)
+        assert study["stars_kept"]["fanova"]["n_epochs"] == 0  # 0.01 per epoch is inside the noise floor
+        for evaluator in ("ped_anova", "fanova"):
+            assert "dummy" not in study["stars_kept"][evaluator] and study["stars"][evaluator]["clip_range"] == 4
+    report = (out / "report.md").read_text()
+    assert "\"small epsilon for continuous control\" (continuous actions): Spearman rho(`clip_range`, objective) = " \
+           "+1.00" in report and "contradicts the advice" in report
+    assert sorted(p.name for p in out.iterdir()) == [
+        "importance.json", "importance.png", "report.md", "slices_MountainCarContinuous-v0.png", "slices_Pendulum-v1.png",
+        "trials_MountainCarContinuous-v0.csv", "trials_Pendulum-v1.csv"]

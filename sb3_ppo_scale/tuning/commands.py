@@ -30,10 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     tune.set_defaults(func=_tune)
 
     report = subparsers.add_parser("report", help="importance table (ours beside the documented one) and PNG plots")
-    report.add_argument("source", metavar="SPEC_OR_STUDY",
-                        help="a YAML spec, or a storage (journal file / RDB URL) whose studies to report")
+    report.add_argument("source", metavar="SPEC_OR_STUDY", nargs="+",
+                        help="a YAML spec, or a storage (journal file / RDB URL) whose studies to report; several: one "
+                             "report over all their studies")
     report.add_argument("--out", default=None,
-                        help="output folder for report.md and the PNGs (default ./tune_results/reports/<source name>)")
+                        help="output folder for report.md and the PNGs (default ./tune_results/reports/<source name(s), "
+                             "joined by +>)")
     report.add_argument("--overwrite", action="store_true",
                         help="allow replacing report files that are committed to git")
     report.add_argument("--storage", default=None, help="with a spec: read this storage instead of the spec's")

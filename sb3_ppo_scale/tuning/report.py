@@ -95,30 +95,39 @@ class StudyResult:
         return f"{self.n_trials}/{self.planned} trials, {len(self.noise_trials)}/{self.noise_planned} noise repeats"
 
 
-def report_command(source: str, out: str | Path | None = None, storage: str | None = None,
+def report_command(source: str | list[str], out: str | Path | None = None, storage: str | None = None,
                    studies: list[str] | None = None, n_bootstrap: int = 200, overwrite: bool = False) -> int:
-    """Resolve ``source`` (a spec file, or a storage) into studies, analyse them, write the report to ``out``
-    (default :func:`default_out`) and print the side-by-side table.
+    """Resolve ``source`` (a spec file or a storage, or a list of them: one report over all their studies, e.g. the
+    HalfCheetah and Hopper studies kept in two journals) into studies, analyse them, write the report to ``out``
+    (default :func:`default_out`) and print the verdict table.
 
+    :param storage: with spec sources, read this storage instead of the specs'.
+    :param studies: only these study names (each must exist in some source).
     :param overwrite: replace report files in ``out`` that are committed to git (otherwise ValueError).
     """
     if n_bootstrap < 0:
         raise ValueError(f"bootstrap must be an int >= 0, got {n_bootstrap!r}")
-    out = default_out(source) if out is None else Path(out)
-    url, names = _resolve_source(source, storage, studies)
+    sources = [source] if isinstance(source, str) else list(source)
+    if not sources:
+        raise ValueError("report needs at least one SPEC_OR_STUDY")
+    out = default_out(sources) if out is None else Path(out)
+    located = [_resolve_source(s, storage) for s in sources]
+    located = _select(located, studies)
     if not overwrite:
         refuse_committed(out)
-    backend = open_storage(url)
-    results = unique_labels([analyse(optuna.load_study(study_name=name, storage=backend), n_bootstrap) for name in names])
+    results = unique_labels([analyse(optuna.load_study(study_name=name, storage=open_storage(url)), n_bootstrap)
+                             for url, names in located for name in names])
     write_report(out, results, n_bootstrap)
     print("\n".join(terminal_table(results)))
     print(f"report for {len(results)} stud{'y' if len(results) == 1 else 'ies'} written to {out}/report.md")
     return 0
 
 
-def default_out(source: str) -> Path:
-    """``tune_results/reports/<name>``: the spec's or journal's file name without suffix (``rdb`` for a URL)."""
-    return DEFAULT_REPORTS_DIR / ("rdb" if "://" in source else Path(source).stem)
+def default_out(sources: str | list[str]) -> Path:
+    """``tune_results/reports/<name>``: the spec's or journal's file name without suffix (``rdb`` for a URL); several
+    sources: their names joined by ``+``."""
+    sources = [sources] if isinstance(sources, str) else sources
+    return DEFAULT_REPORTS_DIR / "+".join("rdb" if "://" in s else Path(s).stem for s in sources)
 
 
 #: The files a report writes (``slices_*.png`` and ``trials_*.csv`` besides); a committed copy is not replaced by
@@ -149,7 +158,8 @@ def unique_labels(results: list[StudyResult]) -> list[StudyResult]:
     return [r if counts[r.label] == 1 else replace(r, label=f"{r.label} [{r.name.split(':')[0]}]") for r in results]
 
 
-def _resolve_source(source: str, storage: str | None, studies: list[str] | None) -> tuple[str, list[str]]:
+def _resolve_source(source: str, storage: str | None) -> tuple[str, list[str]]:
+    """(storage URL, study names) of a spec file or a storage."""
     if source.endswith((".yaml", ".yml")):
         spec = load_spec(source)
         url = resolve_storage(spec, storage)
@@ -159,16 +169,22 @@ def _resolve_source(source: str, storage: str | None, studies: list[str] | None)
         if "://" not in url and not Path(url).is_file():
             raise ValueError(f"SPEC_OR_STUDY {source!r} is neither a .yaml spec, an existing journal file nor an RDB URL")
         names = optuna.get_all_study_names(open_storage(url))
-    if studies:
-        missing = sorted(set(studies) - set(names))
-        if missing:
-            raise ValueError(f"--study {missing} not found; studies there: {names}")
-        names = [n for n in names if n in studies]
     existing = set(optuna.get_all_study_names(open_storage(url)))
     absent = [n for n in names if n not in existing]
     if absent or not names:
         raise ValueError(f"no study {absent or ''} in storage {url!r}; run `sb3-ppo-scale tune` first")
     return url, names
+
+
+def _select(located: list[tuple[str, list[str]]], studies: list[str] | None) -> list[tuple[str, list[str]]]:
+    """Keep only the ``--study`` names (ValueError naming those found nowhere)."""
+    if not studies:
+        return located
+    found = [n for _, names in located for n in names]
+    missing = sorted(set(studies) - set(found))
+    if missing:
+        raise ValueError(f"--study {missing} not found; studies there: {found}")
+    return [(url, [n for n in names if n in studies]) for url, names in located]
 
 
 def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
