@@ -13,7 +13,8 @@ A checkpoint is one file (``torch.save`` of a dict, written to a temporary file 
   VecNormalize statistics, the prioritized buffer's retained pool (``PrioritizedRolloutBuffer.state_dict()``),
   SB3's ``_last_obs`` / ``_last_episode_starts`` / ``_last_original_obs``, the episode-info buffers, the logger's
   pending values (the last update's ``train/*`` records, written at the next log step), the non-finite guard's
-  consecutive-skip count and gSDE's exploration matrices;
+  consecutive-skip count, gSDE's exploration matrices and the algorithm's own boundary state (its
+  ``_boundary_state()`` hook: RecurrentPPO's last LSTM states);
 - ``logger``: the TensorBoard folder, so a resumed run writes into the same run folder.
 
 Checkpoints are taken at rollout boundaries (after an update, before the next rollout). A preempted rollout is
@@ -206,7 +207,23 @@ def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
                            "excluded": dict(logger.name_to_excluded)},
         "guard_consecutive": _guard_consecutive(model),
         "sde_noise": _sde_noise(model),
+        "algorithm_state": _algorithm_state(model),
     }
+
+
+def _algorithm_state(model: BaseAlgorithm) -> dict[str, Any]:
+    """The algorithm's own boundary state (``_boundary_state()``, e.g. RecurrentPPO's last LSTM states); empty for
+    an algorithm without that hook."""
+    hook = getattr(model, "_boundary_state", None)
+    return {} if hook is None else hook()
+
+
+def _restore_algorithm_state(model: BaseAlgorithm, local: dict[str, Any]) -> None:
+    """Give the algorithm back its boundary state (checkpoints written before the hook existed hold none)."""
+    state = local.get("algorithm_state") or {}
+    hook = getattr(model, "_restore_boundary_state", None)
+    if state and hook is not None:
+        hook(state)
 
 
 def _guard_consecutive(model: BaseAlgorithm) -> int:
@@ -373,6 +390,7 @@ def _restore_local(model: BaseAlgorithm, local: dict[str, Any]) -> None:
         guard._consecutive_host = local["guard_consecutive"]
         guard.consecutive.fill_(local["guard_consecutive"])
     _restore_sde_noise(model, local["sde_noise"])
+    _restore_algorithm_state(model, local)
     _set_rng_state(local["rng"])
 
 
@@ -546,6 +564,7 @@ def _reapply_resume(model: BaseAlgorithm) -> None:
     if model._last_obs is not entry["last_obs"]:  # learn() reset the envs after load_checkpoint
         _restore_env(model, entry["local"])
     _restore_sde_noise(model, entry["local"]["sde_noise"])
+    _restore_algorithm_state(model, entry["local"])
     _set_rng_state(entry["local"]["rng"])
 
 

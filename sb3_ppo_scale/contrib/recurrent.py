@@ -23,6 +23,7 @@ import torch as th
 from gymnasium import spaces
 from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, RecurrentRolloutBuffer
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceLoader, sequence_starts
@@ -140,6 +141,18 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_sequence_starts"]
+
+    def _boundary_state(self) -> dict[str, Any]:
+        """The LSTM states collection carries into the next rollout (``_last_lstm_states``, which ``save()`` leaves
+        out), copied to the CPU."""
+        states = self._last_lstm_states
+        return {"last_lstm_states": None if states is None else RNNStates(
+            *(tuple(t.detach().cpu().clone() for t in pair) for pair in states))}
+
+    def _restore_boundary_state(self, state: dict[str, Any]) -> None:
+        states = state.get("last_lstm_states")
+        if states is not None:
+            self._last_lstm_states = RNNStates(*(tuple(t.to(self.device).clone() for t in pair) for pair in states))
 
     def _build_rollout_buffer(self) -> Any:
         lstm = self.policy.lstm_actor

@@ -289,6 +289,15 @@ class ScalableOnPolicyMixin:
         """How the policy evaluates a micro-batch (default: ``policy.evaluate_actions(obs, actions)``)."""
         return evaluate_actions
 
+    def _boundary_state(self) -> dict[str, Any]:
+        """State of the algorithm's own that changes during collection and that ``save()`` leaves out, as it is now
+        (at a rollout boundary); the checkpoint stores it with SB3's ``_last_obs`` (default: none). Returned values
+        must not alias live state: collection goes on after the capture."""
+        return {}
+
+    def _restore_boundary_state(self, state: dict[str, Any]) -> None:
+        """Put back what :meth:`_boundary_state` captured (after ``load()`` and the env reset of a resume)."""
+
     def _rollout_chunks(self, rollout: DeviceRollout) -> Iterator[MicroBatch]:
         """Micro-batches covering the rollout once, in rollout order, at most a micro-batch's worth of samples each
         (for the no-grad passes of the KL measurement)."""
