@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 from optuna.trial import FrozenTrial  # noqa: E402
 
@@ -74,6 +75,8 @@ def slice_plot(path: Path, title: str, trials: list[FrozenTrial], labels: dict[s
             ax.set_xticks(ticks, [str(int(2**t)) for t in ticks], fontsize=7)
         elif name in log_axes:
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a range under a decade
+            ax.tick_params(axis="x", labelsize=7)
     axes[0][0].set_ylabel("objective (mean over seeds)")
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title)

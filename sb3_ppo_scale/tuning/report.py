@@ -283,12 +283,24 @@ def row_verdict(results: list[StudyResult], argument: str, documented: int) -> s
     return "not measured" if ours is None else verdict(documented, ours)
 
 
+def _interval_text(result: StudyResult, evaluator: str, param: str) -> str:
+    """`` (low-high vs dummy <= x)``: the bootstrap 5-95% importance interval and the top of the dummy's (empty
+    without bootstrap)."""
+    st = result.stability[evaluator]
+    if not st.n_resamples:
+        return ""
+    ceiling = max((st.high[d] for d in result.dummies), default=None)
+    floor = "" if ceiling is None else f" vs dummy <= {ceiling:.2f}"
+    return f" ({st.low[param]:.2f}-{st.high[param]:.2f}{floor})"
+
+
 def side_by_side(results: list[StudyResult]) -> list[str]:
-    """The verdict table: documented stars, range and advice; our kept stars per study (PED-ANOVA / fANOVA) and
-    top-10% range; the verdict over all studies."""
+    """The verdict table: documented stars, range and advice; our kept stars per study (PED-ANOVA / fANOVA, each
+    with its bootstrap 5-95% importance interval and the dummy's top) and top-10% range; the verdict over all
+    studies."""
     header = ["parameter", "documented stars", "documented range", "documented advice"]
     for r in results:
-        header += [f"{r.label}: stars PED-ANOVA / fANOVA", f"{r.label}: top-10% range"]
+        header += [f"{r.label}: stars kept PED-ANOVA / fANOVA (importance 5-95%)", f"{r.label}: top-10% range"]
     header += ["verdict"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in DOCUMENTED:
@@ -298,7 +310,8 @@ def side_by_side(results: list[StudyResult]) -> list[str]:
             if name is None:
                 cells += ["not searched", "-"]
                 continue
-            cells += [" / ".join(_rated_text(r.ratings[ev][name]) for ev in EVALUATORS), _range_text(name, r.top[name])]
+            cells += [" / ".join(_rated_text(r.ratings[ev][name]) + _interval_text(r, ev, name) for ev in EVALUATORS),
+                      _range_text(name, r.top[name])]
         cells.append(row_verdict(results, row.argument, row.stars))
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -15,7 +15,6 @@ its rated stars (over studies and evaluators) with the documented stars: exactly
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,8 +101,3 @@ def split_half_note(rho: float | None, n_trials: int, ratings: dict[str, Rating]
     if not reasons:
         reasons.append("the ranking of the parameters above the noise floor changes between the halves")
     return f"below {MIN_SPLIT_HALF}: " + "; ".join(reasons)
-
-
-def is_finite(value: float | None) -> bool:
-    """A finite float (not None, NaN or infinite)."""
-    return value is not None and math.isfinite(value)
