@@ -202,3 +202,13 @@ def test_report_over_two_journals_rates_a_real_effect(tmp_path: Path, capsys: py
     assert sorted(p.name for p in out.iterdir()) == [
         "importance.json", "importance.png", "report.md", "slices_MountainCarContinuous-v0.png", "slices_Pendulum-v1.png",
         "trials_MountainCarContinuous-v0.csv", "trials_Pendulum-v1.csv"]
+
+
+def test_report_before_the_study_started_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`report` on a spec whose journal does not exist yet says so and leaves no empty journal behind."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["report", str(ROOT / "tuning" / "ppo-sensitivity-300k-hopper.yaml"), "--bootstrap", "0"]) == 2
+    assert "no journal 'tuning/results/ppo-sensitivity-300k-hopper/ppo-sensitivity-300k-hopper.journal'" in \
+        capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

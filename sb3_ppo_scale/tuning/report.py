@@ -164,6 +164,9 @@ def _resolve_source(source: str, storage: str | None) -> tuple[str, list[str]]:
         spec = load_spec(source)
         url = resolve_storage(spec, storage)
         names = [spec.study_name(env_id) for env_id in spec.envs]
+        if "://" not in url and not Path(url).is_file():  # opening it would create an empty journal
+            raise ValueError(f"no journal {url!r} for spec {source!r}; run `sb3-ppo-scale tune {source}` first "
+                             "(from the directory its relative paths are meant for)")
     else:
         url = source
         if "://" not in url and not Path(url).is_file():
