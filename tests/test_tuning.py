@@ -249,6 +249,10 @@ def test_three_seed_study_with_dummy_and_noise_repeats_end_to_end(tmp_path: Path
     assert verdicts <= {"agrees", "overrates", "underrates", "not distinguishable from noise"}
     report = files["report.md"].decode()
     assert "| `dummy` |" in report and "noise floor (dummy)" in report and "2 of 2 noise repeats" in report
+    curves = [c for t in trials[:2] for c in t.user_attrs["eval_returns"]]
+    assert len(curves) == 6 and all(len(c) == 2 for c in curves)  # 2 repeats x 3 seeds, evaluations at 128 and 256
+    first, last = (sum(c[i] for c in curves) / 6 for i in (0, -1))
+    assert f"their evaluation return went from {first:.1f} (first evaluation) to {last:.1f} (last)" in report
     assert "UNFINISHED" not in report
 
     # A study short of its plan (as after a session that ended) is marked unfinished.

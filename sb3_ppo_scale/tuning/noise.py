@@ -103,3 +103,12 @@ def noise_estimate(trials: list[FrozenTrial]) -> NoiseEstimate:
         std_trial=float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
         std_seed=float(np.std(seeds, ddof=1)) if len(seeds) > 1 else math.nan,
     )
+
+
+def learning_check(trials: list[FrozenTrial]) -> tuple[float, float] | None:
+    """Mean evaluation return of the first and of the last evaluation over ``trials`` and their seeds
+    (``eval_returns``): whether the configuration learned within the budget. None without stored curves."""
+    curves = [curve for t in trials for curve in t.user_attrs.get("eval_returns") or [] if curve]
+    if not curves:
+        return None
+    return float(np.mean([c[0] for c in curves])), float(np.mean([c[-1] for c in curves]))

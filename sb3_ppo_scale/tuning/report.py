@@ -29,7 +29,7 @@ from sb3_ppo_scale.tuning.importance import (
     split_half_agreement, stars, top_range,
 )
 from sb3_ppo_scale.tuning.advice import advice_lines
-from sb3_ppo_scale.tuning.noise import NoiseEstimate, noise_estimate, seed_spread
+from sb3_ppo_scale.tuning.noise import NoiseEstimate, learning_check, noise_estimate, seed_spread
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage
 from sb3_ppo_scale.tuning.verdicts import (
@@ -372,6 +372,9 @@ def noise_text(result: StudyResult) -> str:
     if n.n_trials:
         repeats = (f"; {n.n_trials} noise repeat(s) of the centre configuration: objective {n.mean:.1f}, std over "
                    f"repeats {_num(n.std_trial)}, single-seed std {_num(n.std_seed)}")
+        curve = learning_check(result.noise_trials)
+        if curve is not None:
+            repeats += f"; their evaluation return went from {curve[0]:.1f} (first evaluation) to {curve[1]:.1f} (last)"
     else:
         repeats = "; no noise repeats"
     return f"Noise floor: {dummy}{repeats}{seeds}."
