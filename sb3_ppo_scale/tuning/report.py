@@ -29,14 +29,14 @@ from sb3_ppo_scale.tuning.importance import (
     split_half_agreement, stars, top_range,
 )
 from sb3_ppo_scale.tuning.advice import advice_lines
-from sb3_ppo_scale.tuning.noise import NoiseEstimate, learning_check, noise_estimate, seed_spread
+from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_noise_trial, learning_check, noise_estimate, seed_spread
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage
+from sb3_ppo_scale.tuning.spec import load_spec
+from sb3_ppo_scale.tuning.storage import open_storage
 from sb3_ppo_scale.tuning.verdicts import (
     MIN_SPLIT_HALF, NOT_DISTINGUISHABLE, STAR_STABILITY, VERDICT_RULE, Rating, rate, split_half_note, verdict,
 )
-from sb3_ppo_scale.tuning.spec import load_spec
-from sb3_ppo_scale.tuning.storage import open_storage
 
 #: Fewest COMPLETE trials a study needs for a report (PED-ANOVA wants several trials in its top 10%).
 MIN_TRIALS = 4
@@ -451,7 +451,7 @@ def trials_csv(result: StudyResult) -> str:
     writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", *result.params])
     for t in sorted(result.trials + result.noise_trials, key=lambda t: t.number):
         spread = seed_spread(t)
-        kind = "noise_repeat" if t in result.noise_trials else "sampled"
+        kind = "noise_repeat" if is_noise_trial(t) else "sampled"
         seeds = ";".join(f"{float(v):.6g}" for v in t.user_attrs.get("seed_values") or [t.value])
         writer.writerow([t.number, kind, f"{float(t.value):.6g}", f"{spread.std:.6g}", f"{spread.low:.6g}",  # type: ignore[arg-type]
                          f"{spread.high:.6g}", seeds, *(t.params.get(p, "") for p in result.params)])
