@@ -22,8 +22,9 @@ from sb3_ppo_scale.tuning.storage import RETRY_ATTR
 
 #: User attribute of a noise-repeat trial: its index among the study's ``noise_repeats``.
 NOISE_ATTR = "noise_repeat"
-#: Trial states in which an enqueued noise repeat still counts as present (not lost).
-_LIVE_STATES = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE)
+#: Trial states in which an enqueued noise repeat counts as present: a FAIL one (retries exhausted) is enqueued again
+#: by the next ``tune``; a PRUNED one (search mode) is not.
+_LIVE_STATES = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 
 
 def is_noise_trial(trial: FrozenTrial) -> bool:
