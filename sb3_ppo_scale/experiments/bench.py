@@ -9,6 +9,11 @@ Protocol (docs/benchmarks.md states it in full):
   (``scalable_ppo@cpu`` vs ``sb3_ppo@cpu``). SB3 PPO gets the entry without ScalablePPO's execution-only keys
   (:data:`EXECUTION_ONLY_KEYS`, which do not change the maths); an entry with other ScalablePPO-only keys has no
   SB3 pair (the run is skipped and said so).
+- sb3-contrib's classes the same way: ``scalable_maskable_ppo`` / ``scalable_recurrent_ppo`` labels pair with
+  ``maskable_ppo`` / ``recurrent_ppo`` (MaskablePPO, RecurrentPPO) under the same entry of ``configs/contrib.yml``
+  (``batched_sequences`` is execution-only: dropped for RecurrentPPO), e.g.
+  ``sb3-ppo-scale bench --tasks CartPoleNoVel-v1 --algos scalable_recurrent_ppo@batched`` (the baseline is then
+  ``recurrent_ppo``).
 - Labels of earlier results (``scalable_ppo`` = ``@cpu``, ``scalable_ppo_gpu``, ...) stay valid (:data:`LEGACY_LABELS`).
 - Each run is one single-threaded process; at most ``--workers`` (default 1) run at once. Every run writes
   ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable); ``--report-only`` only
@@ -42,12 +47,18 @@ import numpy as np
 
 from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
-from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
+from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, Algorithm
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
-#: algorithm name -> class path
-ALGO_CLASSES = {"sb3_ppo": "stable_baselines3.PPO", "scalable_ppo": "sb3_ppo_scale.ScalablePPO"}
+#: algorithm name -> class path: each Scalable class (``scalable_ppo``, ``scalable_maskable_ppo``,
+#: ``scalable_recurrent_ppo``) and the class it is compared with (``sb3_ppo``, ``maskable_ppo``, ``recurrent_ppo``)
+ALGO_CLASSES = {name: path for a in ALGORITHMS.values()
+                for name, path in ((a.baseline, a.baseline_class), (a.name, a.class_path))}
+#: Scalable algorithm -> the algorithm it is paired with under the same entry
+PAIRS = {a.name: a.baseline for a in ALGORITHMS.values()}
+#: the classes Scalable ones are compared with (they get the entry without the execution-only keys)
+BASELINES = frozenset(PAIRS.values())
 #: labels of earlier results -> (algorithm, config variant)
 LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
     "scalable_ppo": ("scalable_ppo", "cpu"),
@@ -59,8 +70,8 @@ LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
 DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo@cpu"]
 #: the variant name that selects the task's plain entry (``scalable_ppo@plain``: ScalablePPO with the baseline's config)
 PLAIN_VARIANT = "plain"
-#: ScalablePPO arguments that change how an update is computed, not what it computes: dropped for SB3 PPO
-EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss")
+#: Scalable arguments that change how an update is computed, not what it computes: dropped for the baseline classes
+EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss", "batched_sequences")
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
 LATE_FRACTION = 0.2
 #: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step
@@ -81,13 +92,19 @@ def parse_label(label: str) -> tuple[str, str | None]:
     return algo, None if variant == PLAIN_VARIANT else variant or None
 
 
+def family(algo: str) -> Algorithm:
+    """The Scalable algorithm an algorithm name belongs to (itself, or the one it is the baseline of)."""
+    return next(a for a in ALGORITHMS.values() if algo in (a.name, a.baseline))
+
+
 def with_pairs(labels: list[str]) -> list[str]:
-    """The labels, each ScalablePPO one followed by SB3 PPO under the same entry (no duplicates)."""
+    """The labels, each Scalable one followed by its baseline class under the same entry (``scalable_ppo@cpu`` ->
+    ``sb3_ppo@cpu``, ``scalable_recurrent_ppo`` -> ``recurrent_ppo``; no duplicates)."""
     out: list[str] = []
     for label in labels:
         algo, variant = parse_label(label)
-        pair = "sb3_ppo" + (f"@{variant}" if variant else "")
-        for item in (label, pair) if algo == "scalable_ppo" else (label,):
+        pair = PAIRS.get(algo, "") + (f"@{variant}" if variant else "")
+        for item in (label, pair) if algo in PAIRS else (label,):
             if item not in out:
                 out.append(item)
     return out
@@ -139,21 +156,24 @@ def _curve(callback: Any) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------------------ one run
 def _config_for(config: Any, algo: str) -> tuple[Any, list[str]]:
-    """The config SB3 PPO runs: execution-only keys dropped (returned); other ScalablePPO-only keys: ValueError."""
+    """The config a baseline class (SB3 PPO, MaskablePPO, RecurrentPPO) runs: execution-only keys dropped
+    (returned); other Scalable-only keys: ValueError."""
     import dataclasses
 
-    if algo != "sb3_ppo":
+    if algo not in BASELINES:
         return config, []
     if isinstance(config.model_kwargs.get("learning_rate"), KLAdaptiveLR):  # SB3 would keep it constant, silently
-        raise ValueError(f"PPO does not take learning_rate kl_adaptive (entry {config.entry!r}; ScalablePPO-only)")
+        name = ALGO_CLASSES[algo].rpartition(".")[2]
+        raise ValueError(f"{name} does not take learning_rate kl_adaptive (entry {config.entry!r}; Scalable-only)")
     dropped = sorted(k for k in config.model_kwargs if k in EXECUTION_ONLY_KEYS)
     kwargs = {k: v for k, v in config.model_kwargs.items() if k not in EXECUTION_ONLY_KEYS}
     return dataclasses.replace(config, model_kwargs=kwargs), dropped
 
 
 def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval_episodes: int, final_episodes: int,
-            config_path: str, out_file: str) -> str:
-    """Train one (task, label, seed) for ``budget`` env steps and write its JSON result; returns the file path."""
+            config_path: str | None, out_file: str) -> str:
+    """Train one (task, label, seed) for ``budget`` env steps and write its JSON result; returns the file path.
+    ``config_path`` None: the label's algorithm's config (``configs/scalable_ppo.yml`` or ``configs/contrib.yml``)."""
     import dataclasses
     import importlib
 
@@ -163,7 +183,7 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
 
     th.set_num_threads(1)
     algo, variant = parse_label(label)
-    config, dropped = _config_for(zoo.load_config(config_path, task, variant), algo)
+    config, dropped = _config_for(zoo.load_config(config_path, task, variant, algo=family(algo).name), algo)
     module, _, name = ALGO_CLASSES[algo].rpartition(".")
     env = zoo.make_envs(config, seed=seed)
     eval_config = dataclasses.replace(config, env_wrappers=[*config.env_wrappers, (ForwardDistance, {})])
@@ -247,7 +267,7 @@ def _parsed(label: str) -> tuple[str, str | None]:
 
 def _label_order(label: str, baseline: str) -> tuple[int, str, int, str]:
     algo, variant = _parsed(label)
-    return (0 if label == baseline else 1, variant or "", 0 if algo == "sb3_ppo" else 1, label)
+    return (0 if label == baseline else 1, variant or "", 0 if algo in BASELINES else 1, label)
 
 
 def summarise(results: list[dict[str, Any]], threshold_frac: float,
@@ -380,8 +400,8 @@ def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
         runs = data["runs"]
         for label, ours in runs.items():
             algo, variant = _parsed(label)
-            pair = "sb3_ppo" + (f"@{variant}" if variant else "")
-            if algo != "scalable_ppo" or pair not in runs:
+            pair = PAIRS.get(algo, "") + (f"@{variant}" if variant else "")
+            if algo not in PAIRS or pair not in runs:
                 continue
             theirs = {q["seed"]: q for q in runs[pair]}
             matched = [r for r in ours if r["seed"] in theirs]
@@ -477,11 +497,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["HalfCheetah-v5", "Hopper-v5"])
     parser.add_argument("--algos", nargs="+", type=_label, default=DEFAULT_ALGOS,
-                        help="labels <algo>[@<variant>], algo sb3_ppo or scalable_ppo; @plain: the plain entry "
-                             "(default: sb3_ppo scalable_ppo@cpu)")
-    parser.add_argument("--no-pairs", action="store_true", help="do not add sb3_ppo@<v> for each scalable_ppo@<v>")
+                        help="labels <algo>[@<variant>], algo one of " + ", ".join(ALGO_CLASSES) + "; @plain: the "
+                             "plain entry (default: sb3_ppo scalable_ppo@cpu)")
+    parser.add_argument("--no-pairs", action="store_true", help="do not add sb3_ppo@<v> for each scalable_ppo@<v> "
+                        "(maskable_ppo@<v> / recurrent_ppo@<v> for the contrib classes)")
     parser.add_argument("--baseline", type=_label, default="sb3_ppo",
-                        help="label the ratios and the threshold refer to (default sb3_ppo: the plain entry)")
+                        help="label the ratios and the threshold refer to (default sb3_ppo: the plain entry; when "
+                             "every label is of one contrib algorithm: the first label's maskable_ppo / recurrent_ppo "
+                             "pair)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=50_000, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")
@@ -490,7 +513,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--threshold-frac", type=float, default=0.9,
                         help="threshold = max(this x the baseline's mean final return, the task's floor) (default 0.9)")
     parser.add_argument("--workers", type=int, default=1, help="parallel single-threaded runs (default 1)")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--config", default=None, help="zoo-style YAML (default: each label's algorithm's config, "
+                        "configs/scalable_ppo.yml or configs/contrib.yml)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (runs/ inside, resumable)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots")
     return parser
@@ -552,9 +576,19 @@ def _inferred_eval_every(run: dict[str, Any], default: int) -> int:
     return max(range(low, high + 1), key=lambda v: (len(str(v)) - len(str(v).rstrip("0")), -v))
 
 
+def default_baseline(labels: list[str], baseline: str) -> str:
+    """``baseline``, except the default ``sb3_ppo`` when every label is of one contrib algorithm: the first baseline
+    label among them and their pairs (``recurrent_ppo@batched`` for ``scalable_recurrent_ppo@batched``)."""
+    families = {family(parse_label(label)[0]).name for label in labels}
+    if baseline != "sb3_ppo" or len(families) != 1 or families == {"scalable_ppo"}:
+        return baseline
+    return next(label for label in with_pairs(labels) if parse_label(label)[0] in BASELINES)
+
+
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
     if args.budget < 1 or args.workers < 1:
         raise ValueError(f"budget and workers must be >= 1, got {args.budget}, {args.workers}")
+    args.baseline = default_baseline(args.algos, args.baseline)
     out = Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = _jobs(args, out)

@@ -1,9 +1,11 @@
-"""``sb3-ppo-scale train``, ``evaluate`` and ``bench``: zoo-style experiments with ScalablePPO.
+"""``sb3-ppo-scale train``, ``evaluate`` and ``bench``: zoo-style experiments with ScalablePPO, or with the
+sb3-contrib classes (``train --algo scalable_maskable_ppo|scalable_recurrent_ppo``, see
+:mod:`sb3_ppo_scale.experiments.algorithms`).
 
 ``train`` writes into its run folder (``--log-dir``, default ``logs/<entry>_seed<seed>``), created once the model
 is built (a run that fails before training leaves no folder behind):
 
-- ``model.zip``          the trained ScalablePPO model
+- ``model.zip``          the trained model (of the ``--algo`` class)
 - ``vecnormalize.pkl``   VecNormalize statistics (only when the entry normalises)
 - ``config.yml``         env id, entry, seed, the run's budget (``n_timesteps``), torch threads, evaluation
                          settings and the hyperparameters used (after ``--set`` overrides; their ``n_timesteps`` is
@@ -34,6 +36,7 @@ import yaml
 from sb3_ppo_scale.distributed import is_main_process
 from sb3_ppo_scale import checkpoint as checkpointing
 from sb3_ppo_scale.experiments import bench as bench_module
+from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm, evaluate_policy
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, set_threads
 
 #: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
@@ -57,9 +60,20 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ train
+def add_algo_argument(parser: argparse.ArgumentParser) -> None:
+    """``--algo NAME``: which Scalable class to train (default scalable_ppo); a bad name is a one-line usage error
+    listing the allowed ones."""
+    parser.add_argument("--algo", choices=tuple(ALGORITHMS), default=DEFAULT_ALGO,
+                        help=f"the algorithm (default {DEFAULT_ALGO}); its default config: scalable_ppo -> "
+                             "configs/scalable_ppo.yml, scalable_maskable_ppo and scalable_recurrent_ppo -> "
+                             "configs/contrib.yml")
+
+
 def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="Gymnasium env id, e.g. HalfCheetah-v5 or PongNoFrameskip-v4")
-    parser.add_argument("--config", default=None, help="zoo-style YAML (default: the package's configs/scalable_ppo.yml)")
+    add_algo_argument(parser)
+    parser.add_argument("--config", default=None, help="zoo-style YAML (default: the --algo's config in the package's "
+                                                       "configs/)")
     parser.add_argument("--variant", default=None, help="use the entry <env>@<variant>, e.g. gpu or cpu")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one hyperparameter (repeatable), e.g. --set n_envs=4 --set learning_rate=lin_1e-3")
@@ -92,7 +106,7 @@ def train(args: argparse.Namespace) -> int:
     overrides = zoo.parse_overrides(args.overrides)
     if args.vec_env is not None:
         overrides["vec_env"] = args.vec_env
-    config = zoo.load_config(args.config, args.env, args.variant, overrides)
+    config = zoo.load_config(args.config, args.env, args.variant, overrides, algo=args.algo)
     n_timesteps = config.n_timesteps if args.n_timesteps is None else args.n_timesteps
     if n_timesteps < 1:
         raise ValueError(f"--n-timesteps must be >= 1, got {n_timesteps}")
@@ -106,7 +120,8 @@ def train(args: argparse.Namespace) -> int:
                                  checkpointing.checkpoint_to_resume(run_dir, args.resume))
     main = is_main_process()  # under torchrun every rank trains; rank 0 alone evaluates and writes the run folder
     try:
-        checkpointing.learn_resumable(model, n_timesteps, checkpoint, callback=callback, tb_log_name="ScalablePPO",
+        checkpointing.learn_resumable(model, n_timesteps, checkpoint, callback=callback,
+                                      tb_log_name=type(model).__name__,
                                       progress_bar=not args.no_progress and main)
     except checkpointing.TrainingPreempted as stopped:
         print(f"sb3-ppo-scale train: {stopped}; run the same command with --resume to continue", file=sys.stderr,
@@ -137,10 +152,14 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
     created = main and not run_dir.exists()
     try:
         env = zoo.make_envs(config, seed=args.seed, monitor_dir=str(run_dir / "monitor") if main else None)
+        cls = algorithm(args.algo).cls
         if resume_from is not None:
             model = checkpointing.resume_train_model(resume_from, env, args.device, n_timesteps)
+            if type(model) is not cls:
+                raise ValueError(f"--algo {args.algo} trains {cls.__name__}, but checkpoint {resume_from} was written "
+                                 f"by {type(model).__name__}: resume with the run's --algo")
         else:
-            model = zoo.build_model(config, env, seed=args.seed, device=args.device, verbose=args.verbose,
+            model = zoo.build_model(config, env, algo=cls, seed=args.seed, device=args.device, verbose=args.verbose,
                                     tensorboard_log=str(run_dir / "tensorboard"))
         callback = None
         if args.eval_freq > 0 and main:
@@ -172,13 +191,12 @@ def _evaluation_vec_env(config: Any) -> type | None:
 
 
 def _write_run_config(run_dir: Path, config: Any, args: argparse.Namespace, n_timesteps: int) -> None:
-    from sb3_ppo_scale.experiments.zoo import DEFAULT_CONFIG
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved = {"env_id": config.env_id, "entry": config.entry, "seed": args.seed, "n_timesteps": n_timesteps,
+    saved = {"algo": args.algo, "env_id": config.env_id, "entry": config.entry, "seed": args.seed,
+             "n_timesteps": n_timesteps,
              "threads": args.threads, "vec_env": config.vec_env, "device": args.device,
              "eval_freq": args.eval_freq, "eval_episodes": args.eval_episodes,
-             "config_file": str(args.config or DEFAULT_CONFIG),
+             "config_file": str(args.config or algorithm(args.algo).config),
              "hyperparams": {**config.hyperparams, "n_timesteps": n_timesteps}}
     (run_dir / "config.yml").write_text(yaml.safe_dump(saved, sort_keys=False))
 
@@ -209,20 +227,19 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def _evaluate_run(run_dir: Path, episodes: int, device: str, deterministic: bool, seed: int,
                   model_name: str = "model.zip") -> dict[str, Any]:
-    """Rebuild the eval env from ``config.yml`` (+ ``vecnormalize.pkl``), load the model, run ``episodes``."""
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    from sb3_ppo_scale import ScalablePPO
+    """Rebuild the eval env from ``config.yml`` (+ ``vecnormalize.pkl``), load the model (the class of the run's
+    ``algo``; runs written before it was recorded are ScalablePPO's), run ``episodes``."""
     from sb3_ppo_scale.experiments import zoo
 
     saved = _read_run_config(run_dir)
     if not (run_dir / model_name).exists():
         raise FileNotFoundError(_missing_model(run_dir, model_name, saved))
-    config = zoo.config_from_hyperparams(saved["env_id"], saved["entry"], saved["hyperparams"], str(run_dir))
+    algo = saved.get("algo", DEFAULT_ALGO)
+    config = zoo.config_from_hyperparams(saved["env_id"], saved["entry"], saved["hyperparams"], str(run_dir), algo)
     stats = run_dir / "vecnormalize.pkl"
     env = zoo.make_envs(config, n_envs=1, seed=seed, eval_env=True, vec_env_cls=_evaluation_vec_env(config),
                         normalize_stats=stats if stats.exists() else None)
-    model = ScalablePPO.load(run_dir / model_name, device=device)  # no env: n_envs of the run is kept
+    model = algorithm(algo).cls.load(run_dir / model_name, device=device)  # no env: n_envs of the run is kept
     returns, lengths = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=deterministic,
                                        return_episode_rewards=True)
     env.close()

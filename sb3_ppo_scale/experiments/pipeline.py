@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.algorithms import evaluate_policy  # sb3-contrib's masked one for a maskable model
 
 #: Seed offset of evaluation envs: different episodes from training, the same for every run with that seed.
 EVAL_SEED_OFFSET = 10_000

@@ -32,9 +32,11 @@ from stable_baselines3.common.vec_env import (
 
 from sb3_ppo_scale.core.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, register_envs
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
-#: The config shipped with the package (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``).
+#: ScalablePPO's config shipped with the package (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``); the other
+#: algorithms' are in :data:`sb3_ppo_scale.experiments.algorithms.ALGORITHMS`.
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "scalable_ppo.yml"
 
 #: Keys that describe the envs and the run, not the model.
@@ -227,6 +229,7 @@ def entry_name(entries: dict[str, Any], env_id: str, variant: str | None = None)
 def check_env_id(env_id: str) -> None:
     """ValueError naming ``env_id`` (and Gymnasium's suggestion) unless Gymnasium knows it."""
     _register_ale()
+    register_envs(env_id)
     try:
         gym.spec(env_id)
     except gym.error.Error as error:
@@ -251,13 +254,18 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
 
 
 def load_config(
-    path: str | Path | None, env_id: str, variant: str | None = None, overrides: dict[str, Any] | None = None
+    path: str | Path | None, env_id: str, variant: str | None = None, overrides: dict[str, Any] | None = None,
+    algo: str = DEFAULT_ALGO,
 ) -> ZooConfig:
     """Read, check and parse the entry for ``env_id`` (see :class:`ZooConfig`).
 
-    Unknown keys (in the file or in ``overrides``) raise ``ValueError`` naming the key and the entry.
+    :param path: the config file (default: ``algo``'s, :data:`~sb3_ppo_scale.experiments.algorithms.ALGORITHMS`).
+    :param algo: the algorithm the entry is for (default ``scalable_ppo``): its constructor arguments are the keys
+        an entry may set. Unknown keys (in the file or in ``overrides``) raise ``ValueError`` naming the key and the
+        entry.
     """
-    path = DEFAULT_CONFIG if path is None else Path(path)
+    path = algorithm(algo).config if path is None else Path(path)
+    register_envs(env_id)
     entries = read_entries(path)
     try:
         name = entry_name(entries, env_id, variant)
@@ -266,13 +274,14 @@ def load_config(
         raise
     raw = copy.deepcopy(entries[name])
     raw.update(overrides or {})
-    return config_from_hyperparams(env_id, name, raw, source=str(path))
+    return config_from_hyperparams(env_id, name, raw, source=str(path), algo=algo)
 
 
-def config_from_hyperparams(env_id: str, entry: str, raw: dict[str, Any], source: str = "<config>") -> ZooConfig:
-    """Check and parse one entry's hyperparameters (a mapping as written in the YAML file)."""
+def config_from_hyperparams(env_id: str, entry: str, raw: dict[str, Any], source: str = "<config>",
+                            algo: str = DEFAULT_ALGO) -> ZooConfig:
+    """Check and parse one entry's hyperparameters (a mapping as written in the YAML file) for ``algo``."""
     raw = copy.deepcopy(raw)
-    check_keys(raw, entry, source)
+    check_keys(raw, entry, source, algorithm(algo).model_keys())
     if "policy" not in raw or "n_timesteps" not in raw:
         raise ValueError(f"entry {entry!r} of {source}: 'policy' and 'n_timesteps' are required")
     return ZooConfig(
@@ -297,12 +306,13 @@ def _vec_env_kind(value: Any, entry: str) -> str:
     return value
 
 
-def check_keys(raw: dict[str, Any], entry: str, path: str | Path) -> None:
-    """Raise ``ValueError`` for a key that is neither an env key nor a ScalablePPO constructor argument."""
+def check_keys(raw: dict[str, Any], entry: str, path: str | Path, model_keys: frozenset[str] = MODEL_KEYS) -> None:
+    """Raise ``ValueError`` for a key that is neither an env key nor a constructor argument (``model_keys``,
+    default ScalablePPO's)."""
     for key in raw:
-        if key not in ENV_KEYS and key not in MODEL_KEYS:
+        if key not in ENV_KEYS and key not in model_keys:
             raise ValueError(
-                f"unknown key {key!r} in entry {entry!r} of {path}; allowed: {sorted(ENV_KEYS | MODEL_KEYS)}"
+                f"unknown key {key!r} in entry {entry!r} of {path}; allowed: {sorted(ENV_KEYS | model_keys)}"
             )
 
 
@@ -405,6 +415,7 @@ def make_envs(
     :param normalize_stats: a saved ``vecnormalize.pkl`` to load instead of fresh statistics.
     """
     _register_ale()
+    register_envs(config.env_id)
     n_envs = n_envs or config.n_envs
     if vec_env_cls is None and config.vec_env == "envpool":
         env = _envpool_envs(config, n_envs, seed)

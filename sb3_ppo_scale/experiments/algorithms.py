@@ -1,0 +1,128 @@
+"""The algorithms the experiment commands run (``train --algo``, ``bench`` labels) and what each needs: its class,
+its default config file, the class it is compared with, how it is evaluated, and the extra envs its configs name.
+
+===========================  ===========================================  =====================  ==================
+``--algo``                   class                                        default config         compared with
+===========================  ===========================================  =====================  ==================
+``scalable_ppo`` (default)   :class:`sb3_ppo_scale.ScalablePPO`           ``scalable_ppo.yml``   ``sb3_ppo``
+``scalable_maskable_ppo``    :class:`sb3_ppo_scale.ScalableMaskablePPO`   ``contrib.yml``        ``maskable_ppo``
+``scalable_recurrent_ppo``   :class:`sb3_ppo_scale.ScalableRecurrentPPO`  ``contrib.yml``        ``recurrent_ppo``
+===========================  ===========================================  =====================  ==================
+
+Config files live in ``sb3_ppo_scale/experiments/configs/``. ``contrib.yml`` holds both contrib algorithms'
+entries, named ``<env id>`` as usual: the recurrent ones are rl_zoo3's ``ppo_lstm`` entries, the masking ones use
+sb3-contrib's masking envs, which :func:`register_envs` registers under a Gymnasium id.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+#: the package's config files
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+#: what ``train`` runs without ``--algo``
+DEFAULT_ALGO = "scalable_ppo"
+#: Gymnasium id -> keyword arguments of sb3-contrib's InvalidActionEnvDiscrete registered under it (episodes of 100
+#: steps; each step ``n_invalid_actions`` of the ``dim`` actions are masked, never the correct one)
+MASKING_ENVS: dict[str, dict[str, int]] = {
+    "InvalidActionEnvDiscrete-v0": dict(dim=20, n_invalid_actions=10),  # sb3-contrib's test setting
+    "InvalidActionEnvDiscrete80-v0": dict(dim=80, n_invalid_actions=60),  # benchmarks/contrib_train.py's
+}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One runnable algorithm.
+
+    :param name: its ``--algo`` / bench label name.
+    :param class_path: ``module.Class`` of the Scalable class.
+    :param config: its default config file.
+    :param baseline: the bench label of the class it is compared with (same config, execution-only keys dropped).
+    :param baseline_class: ``module.Class`` of that class.
+    """
+
+    name: str
+    class_path: str
+    config: Path
+    baseline: str
+    baseline_class: str
+
+    @property
+    def cls(self) -> type:
+        return import_class(self.class_path)
+
+    def model_keys(self) -> frozenset[str]:
+        """Constructor arguments a config entry may set: the Scalable class's and its baseline's, without
+        ``policy`` and ``env``."""
+        return constructor_keys(self.cls) | constructor_keys(import_class(self.baseline_class))
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    algo.name: algo for algo in (
+        Algorithm("scalable_ppo", "sb3_ppo_scale.ScalablePPO", CONFIG_DIR / "scalable_ppo.yml", "sb3_ppo",
+                  "stable_baselines3.PPO"),
+        Algorithm("scalable_maskable_ppo", "sb3_ppo_scale.ScalableMaskablePPO", CONFIG_DIR / "contrib.yml",
+                  "maskable_ppo", "sb3_contrib.MaskablePPO"),
+        Algorithm("scalable_recurrent_ppo", "sb3_ppo_scale.ScalableRecurrentPPO", CONFIG_DIR / "contrib.yml",
+                  "recurrent_ppo", "sb3_contrib.RecurrentPPO"),
+    )
+}
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; ValueError listing the allowed names."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; allowed: {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def import_class(path: str) -> type:
+    """The class at ``module.Class``."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def constructor_keys(cls: type) -> frozenset[str]:
+    """``cls.__init__``'s named arguments, without ``self``, ``policy``, ``env`` and catch-alls."""
+    names = set(inspect.signature(cls.__init__).parameters)
+    return frozenset(names - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
+
+
+def evaluate_policy(model: Any, env: Any, **kwargs: Any) -> Any:
+    """SB3's ``evaluate_policy``; sb3-contrib's masked one for a model that predicts with action masks
+    (MaskablePPO and subclasses: each step's ``env.action_masks()`` is passed to ``predict``)."""
+    from sb3_contrib import MaskablePPO
+
+    if isinstance(model, MaskablePPO):
+        from sb3_contrib.common.maskable.evaluation import evaluate_policy as masked
+
+        return masked(model, env, **kwargs)
+    from stable_baselines3.common.evaluation import evaluate_policy as plain
+
+    return plain(model, env, **kwargs)
+
+
+def _masking_env(render_mode: str | None = None, **kwargs: int) -> gym.Env:
+    """sb3-contrib's InvalidActionEnvDiscrete, built through ``gym.make`` (which passes SB3's ``render_mode``; the
+    env renders nothing)."""
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+
+    return InvalidActionEnvDiscrete(**kwargs)
+
+
+def register_envs(env_id: str) -> None:
+    """Make ``env_id`` known to Gymnasium when it is one of the contrib configs' envs: the masking envs of
+    :data:`MASKING_ENVS`, and rl_zoo3's velocity-masked ``<Env>NoVel-v<k>`` (registered by importing
+    ``rl_zoo3.import_envs``, a few seconds, so only when such an id is asked for)."""
+    if env_id in gym.registry:
+        return
+    if env_id in MASKING_ENVS:
+        gym.register(env_id, entry_point=_masking_env, kwargs=MASKING_ENVS[env_id])
+    elif "NoVel-v" in env_id:
+        importlib.import_module("rl_zoo3.import_envs")
