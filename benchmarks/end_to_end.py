@@ -1,0 +1,462 @@
+"""End to end at the user's own config: SB3 PPO against ScalablePPO (and SBX's PPO where installed), same config.
+
+Three measurements, each writing a markdown table (with the command, the box and its raw MuJoCo step cost) under
+benchmarks/results/end_to_end/:
+
+``collect``  collection steps/s of SB3's ``collect_rollouts`` against ScalablePPO's lean loop, on two identical
+             models (DummyVecEnv + VecNormalize, SB3's default MlpPolicy), alternating rollouts from the same RNG
+             state; every pair of rollouts is checked equal field by field. Medians over the repeats.
+``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
+             VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
+``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
+             SBX), runs of the algorithms alternating, medians over repeats, collection and update time split out.
+             Each run first learns one rollout untimed (SBX's jit and ``compile_loss`` compile there), then times
+             the next ``rollouts`` rollouts: steady-state throughput. Ratios are per repeat (run r of an algorithm
+             against SB3 PPO's run r), then the median. Also writes a PNG.
+
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/end_to_end.py collect|profile|learn [options]``; ``learn --configs``
+takes any of :data:`CONFIGS`. SBX is the ``bench`` extra (``pip install -e ".[bench]"``); CI never installs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "end_to_end"
+#: config name -> (zoo entry or "demo", overrides, env id, rollouts timed, what it is)
+CONFIGS: dict[str, tuple[str, dict[str, Any], str, int, str]] = {
+    "hopper_sb3_defaults": ("Hopper-v5", {}, "Hopper-v5", 2, "SB3's defaults on Hopper-v5, 1 env, VecNormalize"),
+    "halfcheetah_zoo": ("HalfCheetah-v5", {}, "HalfCheetah-v5", 6, "the zoo's HalfCheetah-v5 entry, 1 env"),
+    "demo": ("demo", {}, "HalfCheetah-v5", 4, "the demo's config: 4 envs, 256x256 ReLU, batch 128, 10 epochs"),
+    "demo_compile": ("demo", {"compile_loss": True}, "HalfCheetah-v5", 4,
+                     "the demo's config with compile_loss=True (ScalablePPO only)"),
+    "envs16": ("HalfCheetah-v5@sb3_defaults", {"n_envs": 16, "n_steps": 128}, "HalfCheetah-v5", 2,
+               "SB3's defaults on HalfCheetah-v5 at 16 envs x 128 steps, VecNormalize"),
+    "gpu_const_64": ("HalfCheetah-v5@gpu_const", {}, "HalfCheetah-v5", 1,
+                     "@gpu_const: 64 envs x 256 steps, batch 2048, 10 epochs, lr 1e-3 (@gpu_kl with SB3's constant lr)"),
+    "atari_pong": ("atari", {}, "PongNoFrameskip-v4", 2, "the zoo's Atari config: Pong, 8 envs, CnnPolicy"),
+}
+ALGOS = ("sb3_ppo", "scalable_ppo", "sbx_ppo")
+SCALABLE_ONLY = ("compile_loss",)
+
+
+# --------------------------------------------------------------------------------------------------- the box
+def mujoco_step_us(env_id: str = "Hopper-v5", steps: int = 2000) -> float:
+    """Microseconds of one MuJoCo ``do_simulation`` (the env's frame skip) on this box: its raw step cost."""
+    import gymnasium as gym
+
+    env = gym.make(env_id).unwrapped
+    env.reset(seed=0)
+    action = np.zeros(env.action_space.shape)
+    start = time.perf_counter()
+    for _ in range(steps):
+        env.do_simulation(action, env.frame_skip)
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def box_line() -> str:
+    load = os.getloadavg()[0]
+    return (f"{platform.machine()}, {os.cpu_count()} cores, torch {th.__version__} with {th.get_num_threads()} thread, "
+            f"python {platform.python_version()}; raw step cost: Hopper-v5 `do_simulation` {mujoco_step_us():.0f} us; "
+            f"load average {load:.1f} at the end")
+
+
+def header(title: str, argv: list[str], note: str) -> list[str]:
+    return [f"# {title}", "", f"Produced by `OMP_NUM_THREADS=1 python benchmarks/end_to_end.py {' '.join(argv)}` on "
+            f"{time.strftime('%Y-%m-%d')}; {box_line()}.", "", note, ""]
+
+
+# --------------------------------------------------------------------------------------------------- models
+def _filter_known_warnings() -> None:
+    from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
+
+    filter_known_warnings()
+
+
+def _demo_hyperparams() -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("quickstart", ROOT / "examples" / "quickstart.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return {**module.HYPERPARAMS, **module.epochs_and_lr(10)}
+
+
+def build_env_and_kwargs(config: str, seed: int) -> tuple[Any, str, dict[str, Any]]:
+    """The VecEnv, the policy name and the constructor arguments of ``config`` (ScalablePPO-only keys included)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from sb3_ppo_scale.experiments import zoo
+
+    entry, overrides, env_id, _, _ = CONFIGS[config]
+    scalable = {k: v for k, v in overrides.items() if k in SCALABLE_ONLY}
+    overrides = {k: v for k, v in overrides.items() if k not in SCALABLE_ONLY}
+    if entry == "demo":
+        return VecNormalize(make_vec_env(env_id, n_envs=4, seed=seed)), "MlpPolicy", {**_demo_hyperparams(), **scalable}
+    zoo_config = zoo.load_config(None, env_id, entry.partition("@")[2] or None, overrides)
+    env = zoo.make_envs(zoo_config, seed=seed)
+    return env, zoo_config.policy, {**zoo_config.model_kwargs, **scalable}
+
+
+def _sbx_policy_kwargs(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """SB3's policy_kwargs in SBX's terms (flax activations)."""
+    import flax.linen as nn
+
+    activations = {th.nn.ReLU: nn.relu, th.nn.Tanh: nn.tanh}
+    out = dict(policy_kwargs)
+    if "activation_fn" in out:
+        out["activation_fn"] = activations[out["activation_fn"]]
+    return out
+
+
+def build_model(algo: str, config: str, seed: int) -> Any:
+    env, policy, kwargs = build_env_and_kwargs(config, seed)
+    if algo == "scalable_ppo":
+        from sb3_ppo_scale import ScalablePPO
+
+        return ScalablePPO(policy, env, seed=seed, device="cpu", **kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k not in SCALABLE_ONLY}
+    if algo == "sb3_ppo":
+        from stable_baselines3 import PPO
+
+        return PPO(policy, env, seed=seed, device="cpu", **kwargs)
+    from sbx import PPO as SBXPPO
+
+    kwargs["policy_kwargs"] = _sbx_policy_kwargs(kwargs.get("policy_kwargs", {}))
+    return SBXPPO(policy, env, seed=seed, **kwargs)
+
+
+def algos_for(config: str, wanted: list[str]) -> list[str]:
+    """The algorithms a config runs: ScalablePPO-only settings run ScalablePPO alone (against SB3 PPO's plain run
+    of the same hyperparameters); SBX only where installed."""
+    algos = [a for a in wanted if a != "sbx_ppo" or importlib.util.find_spec("sbx") is not None]
+    if any(k in SCALABLE_ONLY for k in CONFIGS[config][1]):
+        algos = [a for a in algos if a == "scalable_ppo"]
+    return algos
+
+
+# --------------------------------------------------------------------------------------------------- learn
+def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
+    """One learn() run in this process: one rollout untimed, then ``rollouts`` timed; times split by phase."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PhaseTimer(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.collect_s, self.started = 0.0, 0.0
+
+        def _on_rollout_start(self) -> None:
+            self.started = time.perf_counter()
+
+        def _on_rollout_end(self) -> None:
+            self.collect_s += time.perf_counter() - self.started
+
+        def _on_step(self) -> bool:
+            return True
+
+    _filter_known_warnings()
+    model = build_model(algo, config, seed)
+    rollout = model.n_steps * model.n_envs
+    timed_rollouts = CONFIGS[config][3]
+    model.learn(rollout)  # untimed: jit / compile warm-up
+    timer = PhaseTimer()
+    start, steps_before = time.perf_counter(), model.num_timesteps
+    model.learn(timed_rollouts * rollout, callback=timer, reset_num_timesteps=False)
+    wall = time.perf_counter() - start
+    steps = model.num_timesteps - steps_before
+    return {"steps": steps, "wall_s": wall, "collect_s": timer.collect_s, "update_s": wall - timer.collect_s}
+
+
+def _run_subprocess(algo: str, config: str, seed: int) -> dict[str, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=env, capture_output=True,
+                          text=True, timeout=1800, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{algo} {config} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def learn_command(args: argparse.Namespace, argv: list[str]) -> None:
+    results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for config in args.configs:
+        algos = algos_for(config, args.algos)
+        results[config] = {algo: [] for algo in algos}
+        for repeat in range(args.repeats):
+            order = algos[repeat % len(algos):] + algos[:repeat % len(algos)]  # alternate who runs first
+            for algo in order:
+                run = _run_subprocess(algo, config, args.seed)
+                results[config][algo].append(run)
+                print(f"{config:20s} {algo:13s} repeat {repeat}: {run['steps'] / run['wall_s']:7.0f} steps/s "
+                      f"(collect {run['collect_s']:.1f} s, update {run['update_s']:.1f} s)", flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "learn.json").write_text(json.dumps(results, indent=1))
+    rows = learn_table(results)
+    note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one thread; median over "
+            f"{args.repeats} alternating repeats. collect / update: seconds per 1000 env steps in each phase. "
+            "ratio: end-to-end steps/s against SB3 PPO's run of the same repeat (median [min, max] over repeats); "
+            "`demo_compile` is ScalablePPO with `compile_loss=True` against the `demo` row's SB3 PPO runs.")
+    text = header("End to end at the same config: SB3 PPO, ScalablePPO, SBX PPO", argv, note) + rows
+    (RESULTS / "learn.md").write_text("\n".join(text) + "\n")
+    plot_learn(results, RESULTS / "learn.png")
+    print("\n".join(rows))
+
+
+def _baseline_runs(results: dict[str, dict[str, list[dict[str, float]]]], config: str) -> list[dict[str, float]]:
+    """SB3 PPO's runs at this config's hyperparameters (a ScalablePPO-only variant takes its base config's)."""
+    if "sb3_ppo" in results[config]:
+        return results[config]["sb3_ppo"]
+    base = next((c for c in results if c != config and CONFIGS[c][0] == CONFIGS[config][0]
+                 and "sb3_ppo" in results[c]), None)
+    return results[base]["sb3_ppo"] if base else []
+
+
+def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
+    rows = ["| config | algorithm | steps/s | collect s / 1k steps | update s / 1k steps | ratio to SB3 PPO |",
+            "|---|---|---:|---:|---:|---|"]
+    for config, by_algo in results.items():
+        baseline = _baseline_runs(results, config)
+        for algo, runs in by_algo.items():
+            rate = statistics.median(r["steps"] / r["wall_s"] for r in runs)
+            collect = statistics.median(1000 * r["collect_s"] / r["steps"] for r in runs)
+            update = statistics.median(1000 * r["update_s"] / r["steps"] for r in runs)
+            ratios = [(r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline)]
+            ratio = (f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
+                     if ratios and algo != "sb3_ppo" else "1" if algo == "sb3_ppo" else "n/a")
+            rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {ratio} |")
+    rows += ["", "Configs:", ""] + [f"- `{name}`: {CONFIGS[name][4]}" for name in results]
+    return rows
+
+
+def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(results)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 3.6))
+    width = 0.8 / len(ALGOS)
+    for i, algo in enumerate(ALGOS):
+        xs, heights = [], []
+        for j, config in enumerate(configs):
+            baseline = _baseline_runs(results, config)
+            runs = results[config].get(algo)
+            if runs and baseline:
+                xs.append(j + (i - 1) * width)
+                heights.append(statistics.median((r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"])
+                                                 for r, b in zip(runs, baseline)))
+        if xs:
+            ax.bar(xs, heights, width, label=algo)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(configs)), configs, rotation=20, ha="right")
+    ax.set_ylabel("end-to-end steps/s / SB3 PPO's")
+    ax.set_title("learn() at the same config, one thread (median over repeats)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# --------------------------------------------------------------------------------------------------- collect
+def _collection_pair(env_id: str, n_envs: int, seed: int) -> tuple[Any, Any]:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import CallbackList
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    models = []
+    for _ in range(2):
+        env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed))
+        model = PPO("MlpPolicy", env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
+        _, callback = model._setup_learn(10**9, CallbackList([]))
+        models.append((model, callback))
+    return models[0], models[1]
+
+
+def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+
+    rows = ["| env | envs | SB3 loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |",
+            "|---|---:|---:|---:|---|---|"]
+    for env_id in args.envs:
+        for n_envs in args.n_envs:
+            (sb3, sb3_cb), (lean, lean_cb) = _collection_pair(env_id, n_envs, args.seed)
+            times: dict[str, list[float]] = {"sb3": [], "lean": []}
+            equal = True
+            for repeat in range(args.repeats + 1):  # the first pair warms up, untimed
+                rng = th.get_rng_state()
+                pair = [("sb3", sb3, sb3_cb, OnPolicyAlgorithm.collect_rollouts), ("lean", lean, lean_cb, collect_rollouts_lean)]
+                for name, model, callback, collect in (pair if repeat % 2 else pair[::-1]):
+                    th.set_rng_state(rng)
+                    start = time.perf_counter()
+                    collect(model, model.env, callback, model.rollout_buffer, model.n_steps)
+                    if repeat:
+                        times[name].append(time.perf_counter() - start)
+                equal &= all(np.array_equal(getattr(sb3.rollout_buffer, f), getattr(lean.rollout_buffer, f))
+                             for f in ("observations", "actions", "rewards", "values", "log_probs", "advantages"))
+            steps = sb3.n_steps * n_envs
+            ratios = [s / l for s, l in zip(times["sb3"], times["lean"])]
+            rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['sb3']):.0f} | "
+                        f"{steps / statistics.median(times['lean']):.0f} | {statistics.median(ratios):.2f}x "
+                        f"[{min(ratios):.2f}, {max(ratios):.2f}] | {'yes' if equal else 'NO'} |")
+            print(rows[-1], flush=True)
+    note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), DummyVecEnv + VecNormalize, SB3's default "
+            f"MlpPolicy; median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
+            "RNG state on two identical models; 'rollouts equal': every buffer field equal in every pair.")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "collect.md").write_text("\n".join(header("Collection: SB3's loop against the lean loop", argv, note)
+                                                  + rows) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------- profile
+def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    for _ in range(min(100, calls)):
+        fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+    from stable_baselines3.common.utils import obs_as_tensor
+
+    from sb3_ppo_scale.core.inference import FusedActorCritic
+    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+
+    (model, callback), _ = _collection_pair(args.env, 1, args.seed)
+    env, inner = model.env, model.env.venv.envs[0].unwrapped
+    action = np.zeros((1, *model.action_space.shape), dtype=np.float32)
+    obs = obs_as_tensor(model._last_obs, "cpu")
+    fused = FusedActorCritic(model.policy)
+    model.policy.set_training_mode(False)
+    with th.no_grad():
+        sb3_policy = _per_call_us(lambda: model.policy(obs), args.calls)
+    with th.inference_mode():
+        fused_policy = _per_call_us(lambda: fused(obs), args.calls)
+    wrapped = env.venv.envs[0]
+    parts = {"physics (`do_simulation`, MuJoCo)": _per_call_us(lambda: inner.do_simulation(action[0], inner.frame_skip),
+                                                               args.calls)}
+    wrapped.reset(seed=args.seed)
+    parts["one env's `step` through gymnasium's wrappers and Monitor"] = _per_call_us(lambda: _step_or_reset(wrapped, action[0]), args.calls)
+    parts["DummyVecEnv `step`"] = _per_call_us(lambda: env.venv.step(action), args.calls)
+    parts["VecNormalize(DummyVecEnv) `step`"] = _per_call_us(lambda: env.step(action), args.calls)
+    parts["SB3's `policy(obs)`"] = sb3_policy
+    parts["fused policy step (`FusedActorCritic`)"] = fused_policy
+    steps = model.n_steps
+    for name, collect in (("SB3's loop", OnPolicyAlgorithm.collect_rollouts), ("lean loop", collect_rollouts_lean)):
+        collect(model, env, callback, model.rollout_buffer, steps)
+        start = time.perf_counter()
+        collect(model, env, callback, model.rollout_buffer, steps)
+        parts[f"one collection step, {name}"] = (time.perf_counter() - start) / steps * 1e6
+    inside = _lean_step_inside(model, callback)
+    physics = parts["physics (`do_simulation`, MuJoCo)"]
+    rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
+    rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
+    rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within one rollout): the env's "
+             f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
+             f"wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
+             f"and the loop around them (tensor conversion, clipping, callbacks, info buffer, buffer writes) "
+             f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
+             "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
+             "Distribution objects."]
+    note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread; "
+            f"microseconds per call, mean over {args.calls} calls (a collection step: one rollout of {steps} steps).")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "profile.md").write_text("\n".join(header("One collection step, taken apart", argv, note) + rows) + "\n")
+    print("\n".join(rows))
+
+
+class _TimedEnv:
+    """A VecEnv proxy that adds up the seconds spent in ``step``."""
+
+    def __init__(self, env: Any) -> None:
+        self.env, self.seconds = env, 0.0
+
+    def step(self, actions: np.ndarray) -> Any:
+        start = time.perf_counter()
+        out = self.env.step(actions)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+def _lean_step_inside(model: Any, callback: Any) -> dict[str, float]:
+    """Microseconds per step of one lean rollout: in all, in the env's ``step`` and in the fused policy call."""
+    from sb3_ppo_scale.core import inference, lean_collect
+
+    timed_env, policy_s = _TimedEnv(model.env), [0.0]
+    fused_call = inference.FusedActorCritic.__call__
+
+    def timed_call(self: Any, obs: Any) -> Any:
+        start = time.perf_counter()
+        out = fused_call(self, obs)
+        policy_s[0] += time.perf_counter() - start
+        return out
+
+    inference.FusedActorCritic.__call__ = timed_call  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        lean_collect.collect_rollouts_lean(model, timed_env, callback, model.rollout_buffer, model.n_steps)
+        total = time.perf_counter() - start
+    finally:
+        inference.FusedActorCritic.__call__ = fused_call  # type: ignore[method-assign]
+    per_step = 1e6 / model.n_steps
+    return {"total": total * per_step, "env": timed_env.seconds * per_step, "policy": policy_s[0] * per_step}
+
+
+def _step_or_reset(env: Any, action: np.ndarray) -> None:
+    _, _, terminated, truncated, _ = env.step(action)
+    if terminated or truncated:
+        env.reset()
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    th.set_num_threads(1)
+    if argv and argv[0] == "_run":  # one learn() run, for learn_command's subprocesses
+        print(json.dumps(run_once(argv[1], argv[2], int(argv[3]))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    learn = commands.add_parser("learn", help="learn() steps/s end to end at each config")
+    learn.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    learn.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    learn.add_argument("--repeats", type=int, default=3)
+    learn.add_argument("--seed", type=int, default=0)
+    collect = commands.add_parser("collect", help="collection steps/s, SB3's loop against the lean loop")
+    collect.add_argument("--envs", nargs="+", default=["Hopper-v5", "HalfCheetah-v5"])
+    collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])
+    collect.add_argument("--repeats", type=int, default=5)
+    collect.add_argument("--seed", type=int, default=0)
+    profile = commands.add_parser("profile", help="one collection step taken apart")
+    profile.add_argument("--env", default="Hopper-v5")
+    profile.add_argument("--calls", type=int, default=3000)
+    profile.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    _filter_known_warnings()
+    {"learn": learn_command, "collect": collect_command, "profile": profile_command}[args.command](args, argv)
+
+
+if __name__ == "__main__":
+    main()
