@@ -70,7 +70,7 @@ _SAME_ON_ALL_RANKS = (
     "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm", "target_kl",
     "normalize_advantage", "use_sde", "sde_sample_freq", "n_envs", "policy_class", "policy_kwargs",
     "observation_space", "action_space", "rollout_buffer_class", "rollout_buffer_kwargs",
-    "batched_sequences",  # ScalableRecurrentPPO's (None elsewhere): the two LSTM paths round differently
+    "batched_sequences", "sequence_length",  # ScalableRecurrentPPO's (None elsewhere)
     *ScaleConfig.__dataclass_fields__,
 )
 #: schedules are compared by their values at these progress-remaining points

@@ -26,7 +26,7 @@ from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, Rec
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceLoader, sequence_starts
+from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.collect import resolve_collect_device
 from sb3_ppo_scale.core.config import ScaleConfig
@@ -92,6 +92,18 @@ def evaluate_batched(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, 
     return _evaluate(policy, micro.samples, actions, batched_sequence)
 
 
+def evaluate_batched_or_loop(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                             with_distribution: bool) -> Evaluation:
+    """:func:`evaluate_batched` for a micro-batch whose episode starts are all at its sequences' first steps; contrib's
+    per-step loop otherwise (fixed-length chunks, ``sequence_length``, may hold a reset after their first step).
+    One host read of the episode starts per micro-batch."""
+    data = micro.samples
+    n_seq = data.lstm_states.pi[0].shape[1]
+    if bool(data.episode_starts.reshape((n_seq, -1))[:, 1:].any()):
+        return _evaluate(policy, data, actions, _per_step(policy))
+    return _evaluate(policy, data, actions, batched_sequence)
+
+
 class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     """PPO with LSTM policies: ``sb3_contrib.RecurrentPPO`` with ScalablePPO's additions.
 
@@ -103,20 +115,32 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     :param batched_sequences: run each micro-batch's sequences through the LSTM as one ``nn.LSTM`` call per LSTM,
         the episode-start resets applied to the initial states (default False: contrib's per-step loop, bit-identical
         to RecurrentPPO). Equal to the loop up to float rounding of the gradient sums; see the module docstring.
+    :param sequence_length: None (default: contrib's minibatches, below) or L: minibatches of exactly ``batch_size``
+        samples and rows, no padding: ``batch_size / L`` chunks of L consecutive steps of one env, drawn by one
+        permutation of the chunks per epoch, each starting from the LSTM states stored at its first step; an episode
+        start inside a chunk resets the states at that step (contrib's per-step loop; with ``batched_sequences`` a
+        micro-batch goes through the loop only when it holds such a reset). Gradients flow within a chunk only
+        (truncated back-propagation through time at L steps). L must divide ``n_steps`` and ``batch_size`` (per
+        process under torchrun). Not RecurrentPPO's sampling: opt-in. See :class:`~sb3_ppo_scale.contrib.sequences.ChunkLoader`.
 
-    Minibatches are contrib's (``batch_size`` samples, cut into zero-padded sequences). ``grad_accum_steps`` splits
-    each into micro-batches of whole sequences, weighted by their share of the real samples, so it needs
-    ``batch_size > (grad_accum_steps - 1) * n_steps`` (every minibatch then holds ``grad_accum_steps`` sequences).
+    Minibatches are contrib's (``batch_size`` real samples, cut into zero-padded sequences: the padded size varies)
+    unless ``sequence_length`` is set. ``grad_accum_steps`` splits each into micro-batches of whole sequences,
+    weighted by their share of the real samples, so it needs ``batch_size > (grad_accum_steps - 1) * n_steps``
+    (every minibatch then holds ``grad_accum_steps`` sequences), or ``batch_size / sequence_length >=
+    grad_accum_steps`` with ``sequence_length``.
     Not supported, with a clear error: ``cuda_graphs`` (padded shapes change with every minibatch),
     ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
     policy's device).
     """
 
     batched_sequences: bool = False  # class default: models saved before the argument existed load with it off
+    sequence_length: int | None = None  # as above: contrib's minibatches
     _batch_may_exceed_rollout = True  # as RecurrentPPO: a batch_size above n_steps * n_envs is one whole-rollout batch
 
-    def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False, **kwargs: Any) -> None:
-        self.batched_sequences = batched_sequences  # read in _setup_model, which the base constructor runs
+    def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False,
+                 sequence_length: int | None = None, **kwargs: Any) -> None:
+        # read in _setup_model, which the base constructor runs
+        self.batched_sequences, self.sequence_length = batched_sequences, sequence_length
         self._sequence_starts: np.ndarray | None = None
         super().__init__(policy, env, *args, **kwargs)
 
@@ -132,12 +156,27 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
             raise ValueError(f"collect_device must be 'auto' (the policy's device, {self.device}) for "
                              f"ScalableRecurrentPPO: collection keeps the LSTM states there, got {config.collect_device!r}")
         steps, accum = self.n_steps, config.grad_accum_steps
-        if accum > 1 and self.batch_size <= (accum - 1) * steps:
+        if self.sequence_length is not None:
+            self._check_sequence_length(accum)
+        elif accum > 1 and self.batch_size <= (accum - 1) * steps:
             raise ValueError(
                 f"batch_size={self.batch_size} cannot hold grad_accum_steps={accum} whole sequences: a sequence may be "
                 f"n_steps={steps} samples long, so batch_size must be > (grad_accum_steps - 1) * n_steps = "
                 f"{(accum - 1) * steps}; raise batch_size or lower grad_accum_steps"
             )
+
+    def _check_sequence_length(self, accum: int) -> None:
+        """ValueError naming ``sequence_length`` unless it is an int >= 1 dividing ``n_steps`` and ``batch_size``
+        with at least ``grad_accum_steps`` chunks per minibatch."""
+        length = self.sequence_length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"sequence_length must be None or an int >= 1, got {length!r}")
+        if self.n_steps % length or self.batch_size % length:
+            raise ValueError(f"sequence_length={length} must divide n_steps={self.n_steps} and "
+                             f"batch_size={self.batch_size} (minibatches of whole chunks of one env's steps)")
+        if self.batch_size // length < accum:
+            raise ValueError(f"batch_size={self.batch_size} holds {self.batch_size // length} chunks of "
+                             f"sequence_length={length}, fewer than grad_accum_steps={accum}")
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_sequence_starts"]
@@ -177,9 +216,14 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     def _make_loader(self, rollout: DeviceRollout, batch_size: int, shuffle: bool = True) -> Loader:
         assert self._sequence_starts is not None and len(self._sequence_starts) == len(rollout)
+        if self.sequence_length is not None:
+            return ChunkLoader(rollout, self.n_steps, self.sequence_length, batch_size,
+                               self.grad_accum_steps if shuffle else 1, self.device, shuffle=shuffle)
         return SequenceLoader(rollout, self._sequence_starts, batch_size, self.grad_accum_steps if shuffle else 1,
                               self.device, shuffle=shuffle)
 
     @property
     def _evaluator(self) -> Evaluator:
-        return evaluate_batched if self.batched_sequences else evaluate_recurrent
+        if not self.batched_sequences:
+            return evaluate_recurrent
+        return evaluate_batched if self.sequence_length is None else evaluate_batched_or_loop

@@ -11,6 +11,14 @@ Every episode start is the first step of a sequence, so a sequence never contain
 the reset can be applied to the initial states once, and the whole sequence run as one ``nn.LSTM`` call
 (:func:`sb3_ppo_scale.contrib.recurrent.batched_sequence`).
 
+:class:`ChunkLoader` is the opt-in alternative (``ScalableRecurrentPPO(sequence_length=L)``) for minibatches of an
+exact size: contrib's hold ``batch_size`` real samples but a padded tensor of ``n_seq * max_len`` rows that varies
+from minibatch to minibatch (sb3-contrib issue #113). The rollout is cut into chunks of ``L`` consecutive steps of one
+env (``L`` divides ``n_steps``), each starting from the LSTM states stored at its first step; an epoch is one
+``np.random.permutation`` of the chunks, ``batch_size / L`` chunks per minibatch: exactly ``batch_size`` samples and
+as many rows, no padding. An episode start inside a chunk resets the states at that step, as contrib's per-step loop
+does (:func:`sb3_ppo_scale.contrib.recurrent.evaluate_batched_or_loop` sends such micro-batches to the loop).
+
 Gradient accumulation splits a logical minibatch into micro-batches of *whole sequences* (each padded to its own
 longest sequence), balanced by sample count; each micro-batch's loss is weighted by its share of the logical
 minibatch's real (unpadded) samples, so the accumulated gradient is the big batch's. A logical minibatch with fewer
@@ -181,4 +189,45 @@ class SequenceLoader:
             indices = order[begin : begin + self.batch_size]
             starts = self.starts[indices]
             starts[0] = True
+            yield SequenceBatch(self.rollout, indices, starts, self.grad_accum_steps, self.target_device)
+
+
+class ChunkLoader:
+    """Iterate a recurrent rollout in minibatches of whole chunks of ``chunk`` consecutive steps of one env (see the
+    module docstring): exactly ``batch_size`` samples each (the last may be shorter), no padding.
+
+    :param rollout: the staged rollout (with the recurrent extras), env-major.
+    :param n_steps: steps per env in the rollout (``chunk`` divides it).
+    :param chunk: steps per chunk (``sequence_length``).
+    :param batch_size: samples per logical minibatch; a multiple of ``chunk`` when shuffling (in-order passes take
+        ``max(1, batch_size // chunk)`` chunks).
+    :param grad_accum_steps: micro-batches of whole chunks per logical minibatch.
+    :param target_device: where micro-batches are gathered to.
+    :param shuffle: one ``np.random.permutation`` of the chunks per epoch (default True); False keeps rollout order.
+    """
+
+    def __init__(self, rollout: DeviceRollout, n_steps: int, chunk: int, batch_size: int, grad_accum_steps: int,
+                 target_device: th.device, shuffle: bool = True) -> None:
+        if n_steps % chunk or (shuffle and batch_size % chunk):
+            raise ValueError(f"sequence_length={chunk} must divide n_steps={n_steps} and the batch_size per process "
+                             f"({batch_size})")
+        self.rollout, self.chunk, self.shuffle = rollout, chunk, shuffle
+        self.chunks_per_batch = max(1, batch_size // chunk)
+        self.grad_accum_steps, self.target_device = grad_accum_steps, target_device
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.rollout) // self.chunk
+
+    def __len__(self) -> int:
+        return -(-self.n_chunks // self.chunks_per_batch)
+
+    def __iter__(self) -> Iterator[SequenceBatch]:
+        order = np.random.permutation(self.n_chunks) if self.shuffle else np.arange(self.n_chunks)
+        offsets = np.arange(self.chunk)
+        for begin in range(0, self.n_chunks, self.chunks_per_batch):
+            chunks = order[begin : begin + self.chunks_per_batch]
+            indices = (chunks[:, None] * self.chunk + offsets).reshape(-1)
+            starts = np.zeros(len(indices), dtype=bool)
+            starts[:: self.chunk] = True
             yield SequenceBatch(self.rollout, indices, starts, self.grad_accum_steps, self.target_device)
