@@ -141,3 +141,26 @@ def test_bench_runs_a_contrib_label(label: str, cls: type, tmp_path: Path) -> No
     assert result["algo_class"] == f"{cls.__module__.split('.')[0]}.{cls.__name__}"
     assert result["entry"] == "InvalidActionEnvDiscrete-v0" and result["steps"] == 2048
     assert result["final_return"] > 0  # the masked evaluation of an identity task
+
+
+# ------------------------------------------------------------------------------------------------ rl_zoo3 route
+def test_rl_zoo3_route_trains_the_recurrent_class(tmp_path: Path) -> None:
+    from sb3_ppo_scale.experiments import rl_zoo
+
+    logs = tmp_path / "zoo"
+    rl_zoo.main(["--algo", "scalable_recurrent_ppo", "--env", "CartPoleNoVel-v1", "--variant", "batched", "-n", "256",
+                 "-f", str(logs), "--eval-freq", "-1", "--seed", "1"])
+    model = ScalableRecurrentPPO.load(logs / "scalable_recurrent_ppo" / "CartPoleNoVel-v1_1" / "CartPoleNoVel-v1.zip",
+                                      device="cpu")
+    assert model.num_timesteps == 256 and model.batched_sequences is True and model.n_epochs == 20
+    from rl_zoo3 import hyperparams_opt
+
+    assert hyperparams_opt.HYPERPARAMS_SAMPLER["scalable_recurrent_ppo"] is hyperparams_opt.HYPERPARAMS_SAMPLER["ppo_lstm"]
+
+
+def test_rl_zoo3_route_refuses_the_maskable_class() -> None:
+    from sb3_ppo_scale.experiments import rl_zoo
+
+    with pytest.raises(ValueError, match="--algo scalable_maskable_ppo is not available through rl_zoo3: .*action "
+                                         "masks; train it with `sb3-ppo-scale train --algo scalable_maskable_ppo`"):
+        rl_zoo.prepare_argv(["--algo", "scalable_maskable_ppo", "--env", "InvalidActionEnvDiscrete-v0"])

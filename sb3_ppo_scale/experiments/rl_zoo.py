@@ -1,14 +1,18 @@
-"""rl_zoo3's own trainer with ``scalable_ppo`` registered: ``python -m sb3_ppo_scale.experiments.rl_zoo``.
+"""rl_zoo3's own trainer with ``scalable_ppo`` and ``scalable_recurrent_ppo`` registered:
+``python -m sb3_ppo_scale.experiments.rl_zoo``.
 
     python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env CartPole-v1
     python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env HalfCheetah-v5 --variant gpu -n 1000000
     python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_ppo --env Pendulum-v1 -optimize --n-trials 20 -n 50000
+    python -m sb3_ppo_scale.experiments.rl_zoo --algo scalable_recurrent_ppo --env CartPoleNoVel-v1 --variant batched
 
 Every rl_zoo3 ``train.py`` option works. Added here:
 
 - ``ALGOS["scalable_ppo"] = ScalablePPO`` and its Optuna sampler / converter (``-optimize``);
-- ``-conf`` defaults to the package's config (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``) for
-  ``--algo scalable_ppo``;
+  ``ALGOS["scalable_recurrent_ppo"] = ScalableRecurrentPPO`` with rl_zoo3's ``ppo_lstm`` sampler and converter;
+- ``-conf`` defaults to the algorithm's config in the package (``configs/scalable_ppo.yml``, ``configs/contrib.yml``);
+- ``--algo scalable_maskable_ppo`` is refused: rl_zoo3 has no masking algorithm and its evaluation callback would
+  evaluate without action masks (``sb3-ppo-scale train --algo scalable_maskable_ppo`` evaluates with them);
 - ``--variant NAME`` trains the entry ``<env>@NAME`` (the zoo itself only looks up ``<env>`` / ``atari``);
 - the entry is checked with :func:`sb3_ppo_scale.experiments.zoo.load_config` *before* rl_zoo3 sees it, so unknown keys and
   ``policy_kwargs`` strings that are not plain literals are rejected instead of reaching the zoo's ``eval``.
@@ -26,11 +30,18 @@ from typing import Any
 import optuna
 import yaml
 
+from sb3_ppo_scale.contrib.recurrent import ScalableRecurrentPPO
 from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.experiments.algorithms import algorithm
 
 ALGO_NAME = "scalable_ppo"
+#: the algorithms this route registers with rl_zoo3
+ZOO_ALGOS = (ALGO_NAME, "scalable_recurrent_ppo")
+#: algorithms of this package the route refuses, and why
+REFUSED = {"scalable_maskable_ppo": "rl_zoo3 has no masking algorithm and its evaluation callback does not pass "
+                                    "action masks; train it with `sb3-ppo-scale train --algo scalable_maskable_ppo`"}
 
 
 def sample_scalable_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
@@ -65,12 +76,16 @@ def convert_scalable_ppo_params(sampled: dict[str, Any]) -> dict[str, Any]:
 
 
 def register_algorithm() -> None:
-    """Add ``scalable_ppo`` to rl_zoo3's algorithm, sampler and converter tables (idempotent)."""
+    """Add ``scalable_ppo`` and ``scalable_recurrent_ppo`` to rl_zoo3's algorithm, sampler and converter tables
+    (idempotent; the recurrent one takes ``ppo_lstm``'s sampler and converter)."""
     from rl_zoo3 import hyperparams_opt, utils
 
     utils.ALGOS[ALGO_NAME] = ScalablePPO
     hyperparams_opt.HYPERPARAMS_SAMPLER[ALGO_NAME] = sample_scalable_ppo_params
     hyperparams_opt.HYPERPARAMS_CONVERTER[ALGO_NAME] = convert_scalable_ppo_params
+    utils.ALGOS["scalable_recurrent_ppo"] = ScalableRecurrentPPO
+    hyperparams_opt.HYPERPARAMS_SAMPLER["scalable_recurrent_ppo"] = hyperparams_opt.HYPERPARAMS_SAMPLER["ppo_lstm"]
+    hyperparams_opt.HYPERPARAMS_CONVERTER["scalable_recurrent_ppo"] = hyperparams_opt.HYPERPARAMS_CONVERTER["ppo_lstm"]
 
 
 def _own_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -104,12 +119,14 @@ def _replace_conf(argv: list[str], conf: str) -> list[str]:
 def prepare_argv(argv: Sequence[str]) -> list[str]:
     """Check the config entry safely and return the argv for rl_zoo3 (``-conf`` and ``--variant`` resolved)."""
     known, rest = _own_args(argv)
-    if known.algo != ALGO_NAME:
+    if known.algo in REFUSED:
+        raise ValueError(f"--algo {known.algo} is not available through rl_zoo3: {REFUSED[known.algo]}")
+    if known.algo not in ZOO_ALGOS:
         return rest
-    conf = Path(known.conf) if known.conf else zoo.DEFAULT_CONFIG
+    conf = Path(known.conf) if known.conf else algorithm(known.algo).config
     if conf.suffix not in (".yml", ".yaml"):
-        raise ValueError(f"-conf must be a .yml/.yaml file for --algo {ALGO_NAME} (Python configs run code), got {conf}")
-    config = zoo.load_config(conf, known.env, known.variant)  # raises ValueError on unsafe or unknown entries
+        raise ValueError(f"-conf must be a .yml/.yaml file for --algo {known.algo} (Python configs run code), got {conf}")
+    config = zoo.load_config(conf, known.env, known.variant, algo=known.algo)  # ValueError: unsafe or unknown entries
     if isinstance(config.model_kwargs.get("learning_rate"), KLAdaptiveLR):  # rl_zoo3 would fail on it with a traceback
         raise ValueError(f"learning_rate of entry {config.entry!r} is KL-adaptive, which rl_zoo3's trainer cannot take "
                          "(it reads a string learning rate as lin_<x>); train it with `sb3-ppo-scale train`")
