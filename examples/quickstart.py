@@ -1,4 +1,4 @@
-"""The demo (`make demo`): ScalablePPO learns HalfCheetah-v5 in 120k steps, about a minute of CPU time.
+"""The demo (`make demo`): ScalablePPO learns HalfCheetah-v5 in 120k steps, about a minute on a quiet 2-core box.
 
 Swapping ``PPO`` for ``ScalablePPO`` is the only change an SB3 script needs. The hyperparameters are embedded
 below (no config file needed): the zoo's tuned HalfCheetah PPO values with four environments, a minibatch twice
