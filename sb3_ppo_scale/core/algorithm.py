@@ -61,11 +61,8 @@ def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
     raise TypeError(f"{cls.__name__} must list an OnPolicyAlgorithm subclass after ScalableOnPolicyMixin in its bases")
 
 
-class ScalableOnPolicyMixin:
-    """The arguments and the update that :class:`~sb3_ppo_scale.ScalablePPO` adds to SB3's PPO, for any on-policy
-    PPO algorithm (see the module docstring). Their meaning and defaults, as documented for ScalablePPO:
-
-    :param grad_accum_steps: micro-batches per logical minibatch of ``batch_size`` samples (default 1).
+#: The arguments the scale layer adds, as one docstring block (ScalablePPO's docstring ends with it).
+SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical minibatch of ``batch_size`` samples (default 1).
         Gradients of the micro-batches accumulate into one gradient clip and one optimizer step per logical
         minibatch; the result equals the big-batch update (advantages normalised over the logical minibatch,
         each micro loss weighted by its share of it, ``target_kl`` decided on the logical minibatch).
@@ -106,6 +103,12 @@ class ScalableOnPolicyMixin:
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
     (``n_steps * n_envs``).
+"""
+
+
+class ScalableOnPolicyMixin:
+    """The arguments and the update that :class:`~sb3_ppo_scale.ScalablePPO` adds to SB3's PPO, for any on-policy
+    PPO algorithm (see the module docstring). Their meaning and defaults: :data:`SCALE_ARGUMENTS`.
     """
 
     # class defaults: models saved before these arguments existed load with them off
