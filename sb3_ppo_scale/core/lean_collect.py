@@ -59,6 +59,18 @@ def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards:
         buffer.full = True
 
 
+def bootstrap_time_limits(model: OnPolicyAlgorithm, rewards: np.ndarray, dones: np.ndarray, infos: list) -> None:
+    """SB3's timeout handling: add ``gamma * V(terminal observation)`` to a truncated episode's last reward, one env
+    at a time as SB3 does, visiting only the envs whose episode ended (SB3 tests ``done`` first)."""
+    for idx in np.flatnonzero(dones):
+        info = infos[idx]
+        if info.get("terminal_observation") is not None and info.get("TimeLimit.truncated", False):
+            terminal_obs = model.policy.obs_to_tensor(info["terminal_observation"])[0]
+            with th.no_grad():
+                terminal_value = model.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+            rewards[idx] += model.gamma * terminal_value
+
+
 def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
                           n_rollout_steps: int) -> bool:
     """SB3's ``collect_rollouts`` (same arguments, same return, same buffer contents and RNG draws) for a model
@@ -105,12 +117,8 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         if isinstance(self.action_space, spaces.Discrete):
             actions = actions.reshape(-1, 1)
 
-        for idx in np.flatnonzero(dones) if dones.any() else ():  # only ended episodes can bootstrap
-            if infos[idx].get("terminal_observation") is not None and infos[idx].get("TimeLimit.truncated", False):
-                terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-                with th.no_grad():
-                    terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-                rewards[idx] += self.gamma * terminal_value
+        if dones.any():
+            bootstrap_time_limits(self, rewards, dones, infos)
 
         if in_place:
             _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]

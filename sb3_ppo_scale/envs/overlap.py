@@ -43,6 +43,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
+from sb3_ppo_scale.core.lean_collect import bootstrap_time_limits
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv
 
 
@@ -120,17 +121,6 @@ def _receive(pool_env: EnvPoolVecEnv, normalizer: VecNormalize | None, half: sli
     return _Step(norm_obs, norm_rewards, dones, infos, obs, rewards)
 
 
-def _bootstrap_time_limits(model: OnPolicyAlgorithm, rewards: np.ndarray, dones: np.ndarray, infos: list) -> None:
-    """SB3's timeout handling: add gamma * V(terminal observation) to a truncated episode's last reward."""
-    for idx in np.flatnonzero(dones):
-        info = infos[idx]
-        if info.get("terminal_observation") is not None and info.get("TimeLimit.truncated", False):
-            terminal_obs = model.policy.obs_to_tensor(info["terminal_observation"])[0]
-            with th.no_grad():
-                terminal_value = model.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-            rewards[idx] += model.gamma * terminal_value
-
-
 def collect_rollouts_overlapped(  # noqa: C901 - one pipeline, kept in one place to read in order
     model: OnPolicyAlgorithm,
     env: VecEnv,
@@ -191,7 +181,7 @@ def collect_rollouts_overlapped(  # noqa: C901 - one pipeline, kept in one place
         model._update_info_buffer(infos, dones)
         if isinstance(model.action_space, spaces.Discrete):
             actions = actions.reshape(-1, 1)
-        _bootstrap_time_limits(model, rewards, dones, infos)
+        bootstrap_time_limits(model, rewards, dones, infos)
         rollout_buffer.add(model._last_obs, actions, rewards, model._last_episode_starts, values, log_probs)
         model._last_obs = obs = new_obs
         model._last_episode_starts = dones
