@@ -71,6 +71,22 @@ def assert_params_close(a: PPO, b: PPO, atol: float) -> None:
         assert diff <= atol, f"{name}: max |diff| {diff:.3g} > {atol:.3g}"
 
 
+class GivenOrderHooks:
+    """RolloutHooks for a test buffer that trains in a given order: set ``orders`` to an iterator of index tensors,
+    one per epoch (the rollout as staged, nothing extra logged). Put it before the buffer class in the bases."""
+
+    orders: Any
+
+    def prepare_rollout(self, rollout: Any) -> Any:
+        return rollout
+
+    def epoch_order(self, n: int) -> th.Tensor:
+        return next(self.orders)
+
+    def train_log(self) -> dict[str, float]:
+        return {}
+
+
 def in_ci() -> bool:
     """True when the environment says this is a CI run (``CI=true``, as CI services and .ci/run set it)."""
     return os.environ.get("CI", "").lower() == "true"

@@ -33,6 +33,7 @@ from stable_baselines3.common.logger import Logger
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceBatch
+from tests.helpers import GivenOrderHooks
 from tests.test_distributed import ATOL, WORLD, _spawn, _state
 
 N_STEPS, N_ENVS = 32, 2  # 64 samples per rank
@@ -104,17 +105,8 @@ def ranks(tmp_path_factory) -> list[dict[tuple[str, str], dict[str, Any]]]:
 
 
 # ------------------------------------------------------------------------------------------------ one process
-class _UnionMaskableBuffer(MaskableRolloutBuffer):
+class _UnionMaskableBuffer(GivenOrderHooks, MaskableRolloutBuffer):
     """The concatenation of the ranks' masked rollouts (env axis), trained in a given order (RolloutHooks)."""
-
-    def prepare_rollout(self, rollout):
-        return rollout
-
-    def epoch_order(self, n: int) -> th.Tensor:
-        return next(self.orders)
-
-    def train_log(self) -> dict[str, float]:
-        return {}
 
 
 def _maskable_orders(states: list[tuple], local_batch: int, n_epochs: int) -> Iterator[th.Tensor]:

@@ -41,6 +41,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale import distributed as dp
+from tests.helpers import GivenOrderHooks
 
 WORLD = 2
 N_STEPS, N_ENVS = 32, 2  # 64 samples per rank
@@ -124,17 +125,8 @@ def _exactness_worker(rank: int, out: Path) -> dict[str, Any]:
     return results
 
 
-class _UnionBuffer(RolloutBuffer):
+class _UnionBuffer(GivenOrderHooks, RolloutBuffer):
     """The concatenation of the ranks' rollouts (env axis), trained in a given order (RolloutHooks)."""
-
-    def prepare_rollout(self, rollout):
-        return rollout
-
-    def epoch_order(self, n: int) -> th.Tensor:
-        return next(self.orders)
-
-    def train_log(self) -> dict[str, float]:
-        return {}
 
 
 def _union_orders(states: list[tuple], n_local: int, local_batch: int, n_epochs: int):
