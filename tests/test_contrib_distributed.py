@@ -34,7 +34,7 @@ from stable_baselines3.common.logger import Logger
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceBatch
 from tests.helpers import GivenOrderHooks
-from tests.test_distributed import ATOL, WORLD, _spawn, _state
+from tests.test_distributed import ATOL, WORLD, _spawn, _state, _union_orders
 
 N_STEPS, N_ENVS = 32, 2  # 64 samples per rank
 N_LOCAL = N_STEPS * N_ENVS
@@ -109,20 +109,6 @@ class _UnionMaskableBuffer(GivenOrderHooks, MaskableRolloutBuffer):
     """The concatenation of the ranks' masked rollouts (env axis), trained in a given order (RolloutHooks)."""
 
 
-def _maskable_orders(states: list[tuple], local_batch: int, n_epochs: int) -> Iterator[th.Tensor]:
-    """Each epoch: the ranks' own permutations, interleaved minibatch by minibatch (rank r's indices + r * N_LOCAL)."""
-    draws = []
-    for state in states:
-        rng = np.random.RandomState()
-        rng.set_state(state)
-        draws.append([rng.permutation(N_LOCAL) for _ in range(n_epochs)])
-    for epoch in range(n_epochs):
-        parts = []
-        for start in range(0, N_LOCAL, local_batch):
-            parts += [draws[r][epoch][start : start + local_batch] + r * N_LOCAL for r in range(len(states))]
-        yield th.from_numpy(np.concatenate(parts))
-
-
 class _UnionSequenceLoader:
     """Each epoch: every rank's contrib split point (replayed from its NumPy state), its local minibatches cut into
     sequences as the rank cut them; global minibatch k = rank 0's k-th sequences, then rank 1's."""
@@ -182,7 +168,7 @@ def _single_process_reference(algo: str, variant: str, ranks: list[dict[str, Any
     model.rollout_buffer = _union_buffer(algo, model, ranks)
     states, local_batch = [r["numpy_state"] for r in ranks], COMMON["batch_size"] // WORLD
     if algo == "maskable":
-        model.rollout_buffer.orders = _maskable_orders(states, local_batch, COMMON["n_epochs"])
+        model.rollout_buffer.orders = _union_orders(states, N_LOCAL, local_batch, COMMON["n_epochs"])
     else:
         in_order = type(model)._make_loader.__get__(model)
 
