@@ -16,7 +16,6 @@ Variants: plain clip, ``target_kl`` firing, ``grad_accum_steps`` > 1, the KL-pen
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,13 @@ import torch as th
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from sb3_contrib.common.recurrent.buffers import RecurrentRolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import Logger
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceBatch
 from tests.helpers import GivenOrderHooks
-from tests.test_distributed import ATOL, WORLD, _spawn, _state, _union_orders
+from tests.test_distributed import ATOL, BUFFER_FIELDS, WORLD, _CaptureLastRollout, _spawn, _state, _union_orders
 
 N_STEPS, N_ENVS = 32, 2  # 64 samples per rank
 N_LOCAL = N_STEPS * N_ENVS
@@ -53,7 +51,6 @@ VARIANTS: dict[tuple[str, str], dict[str, Any]] = {
     ("recurrent", "batched_sequences"): dict(LSTM, batched_sequences=True),
 }
 CLASSES = {"maskable": ScalableMaskablePPO, "recurrent": ScalableRecurrentPPO}
-BUFFER_FIELDS = ("observations", "actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages")
 EXTRA_FIELDS = {"maskable": ("action_masks",), "recurrent": STATE_FIELDS}
 
 
@@ -66,26 +63,6 @@ def make_env(algo: str, n_envs: int = N_ENVS) -> Any:
 def make_model(algo: str, variant: str, seed: int, n_envs: int = N_ENVS) -> Any:
     policy = "MlpPolicy" if algo == "maskable" else "MlpLstmPolicy"
     return CLASSES[algo](policy, make_env(algo, n_envs), seed=seed, **COMMON, **VARIANTS[(algo, variant)])
-
-
-class _CaptureLastRollout(BaseCallback):
-    """Keeps, at the end of every rollout, what the next update starts from (masks / LSTM states included)."""
-
-    def __init__(self, fields: tuple[str, ...]) -> None:
-        super().__init__()
-        self.fields = fields
-
-    def _on_step(self) -> bool:
-        return True
-
-    def _on_rollout_end(self) -> None:
-        model, buffer = self.model, self.model.rollout_buffer
-        self.captured = dict(
-            params=_state(model), optimizer=copy.deepcopy(model.policy.optimizer.state_dict()),
-            objective=model._objective.state_dict(), numpy_state=np.random.get_state(),
-            progress=model._current_progress_remaining, grad_steps_before=model._n_grad_steps,
-            buffer={k: getattr(buffer, k).copy() for k in self.fields},
-        )
 
 
 def _worker(rank: int, out: Path) -> dict[tuple[str, str], dict[str, Any]]:

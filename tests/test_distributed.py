@@ -97,8 +97,16 @@ def _state(model: ScalablePPO) -> dict[str, th.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------------ exactness
+#: The rollout buffer fields a union update is rebuilt from (PPO's; the contrib tests add masks / LSTM states).
+BUFFER_FIELDS = ("observations", "actions", "rewards", "returns", "episode_starts", "values", "log_probs", "advantages")
+
+
 class _CaptureLastRollout(BaseCallback):
-    """Keeps, at the end of every rollout, what the next update starts from."""
+    """Keeps, at the end of every rollout, what the next update starts from (the buffer's ``fields``)."""
+
+    def __init__(self, fields: tuple[str, ...] = BUFFER_FIELDS) -> None:
+        super().__init__()
+        self.fields = fields
 
     def _on_step(self) -> bool:
         return True
@@ -109,8 +117,7 @@ class _CaptureLastRollout(BaseCallback):
             params=_state(model), optimizer=copy.deepcopy(model.policy.optimizer.state_dict()),
             objective=model._objective.state_dict(), numpy_state=np.random.get_state(),
             progress=model._current_progress_remaining, grad_steps_before=model._n_grad_steps,
-            buffer={k: getattr(buffer, k).copy() for k in ("observations", "actions", "rewards", "returns",
-                                                           "episode_starts", "values", "log_probs", "advantages")},
+            buffer={k: getattr(buffer, k).copy() for k in self.fields},
         )
 
 
