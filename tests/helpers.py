@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -11,9 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+import numpy as np
 import pytest
 import torch as th
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger, configure
 
 from sb3_ppo_scale import ScalablePPO
@@ -47,12 +50,18 @@ def assert_identical(a: PPO, b: PPO) -> None:
 
 
 def assert_same_state(a: Any, b: Any, path: str = "") -> None:
-    """Recursively compare two (optimizer or module) state dicts: tensors with torch.equal, the rest with ==."""
+    """Recursively compare two (optimizer or module) state dicts, or what a callback reads from ``locals``: tensors
+    with torch.equal, numpy arrays with array_equal (dtypes equal too), the rest with ==. Monitor's episode info
+    ``t`` (wall-clock time) is skipped."""
     if isinstance(a, th.Tensor):
         assert isinstance(b, th.Tensor) and a.dtype == b.dtype and th.equal(a, b), f"{path}: tensors differ"
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), f"{path}: arrays differ"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys differ"
         for key in a:
+            if key == "t" and {"r", "l"} <= a.keys():  # Monitor's episode info: "t" is wall-clock time
+                continue
             assert_same_state(a[key], b[key], f"{path}/{key}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: lengths differ"
@@ -60,6 +69,22 @@ def assert_same_state(a: Any, b: Any, path: str = "") -> None:
             assert_same_state(x, y, f"{path}/{index}")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+class LocalsRecorder(BaseCallback):
+    """Keeps a copy of ``keys`` from what SB3 callbacks read in ``locals`` at every step (and the env they see)."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        super().__init__()
+        self.keys = keys
+        self.steps: list[dict[str, Any]] = []
+        self.envs: list[Any] = []
+
+    def _on_step(self) -> bool:
+        self.steps.append({key: copy.deepcopy(self.locals[key]) for key in self.keys})
+        self.envs.append(self.locals["env"])
+        assert self.locals["self"] is self.model
+        return True
 
 
 def assert_params_close(a: PPO, b: PPO, atol: float) -> None:

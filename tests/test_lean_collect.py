@@ -10,7 +10,6 @@ tests/test_parity.py; here also the cases PPO cannot run (the prioritized buffer
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,6 @@ import numpy as np
 import pytest
 import torch as th
 from stable_baselines3 import PPO
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import (
     IdentityEnv,
@@ -35,7 +33,7 @@ from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.core import algorithm
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
-from tests.helpers import assert_identical, train_one
+from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, train_one
 
 N_STEPS = 40
 
@@ -82,45 +80,15 @@ CASES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
 }
 
 
-class LocalsRecorder(BaseCallback):
-    """Keeps a copy of what SB3 callbacks read from ``locals`` at every step."""
-
-    KEYS = ("actions", "clipped_actions", "values", "log_probs", "obs_tensor", "new_obs", "rewards", "dones", "infos",
-            "n_steps", "n_rollout_steps")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.steps: list[dict[str, Any]] = []
-
-    def _on_step(self) -> bool:
-        self.steps.append({key: copy.deepcopy(self.locals[key]) for key in self.KEYS})
-        assert self.locals["self"] is self.model and self.locals["env"] is self.training_env
-        return True
-
-
-def _assert_equal(a: Any, b: Any, path: str) -> None:
-    if isinstance(a, th.Tensor):
-        assert isinstance(b, th.Tensor) and a.dtype == b.dtype and th.equal(a, b), path
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for key in a:
-            if key == "t" and {"r", "l"} <= a.keys():  # Monitor's episode info: "t" is wall-clock time
-                continue
-            _assert_equal(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
+#: what SB3 callbacks read from ``locals`` and the test compares at every step
+LOCALS = ("actions", "clipped_actions", "values", "log_probs", "obs_tensor", "new_obs", "rewards", "dones", "infos",
+          "n_steps", "n_rollout_steps")
 
 
 def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2) -> tuple[PPO, LocalsRecorder]:
     make_env, policy, kwargs = CASES[case]
     model = PPO(policy, make_env(), n_steps=N_STEPS, batch_size=20, seed=0, device="cpu", **kwargs)
-    recorder = LocalsRecorder()
+    recorder = LocalsRecorder(LOCALS)
     _, callback = model._setup_learn(10**6, recorder)
     th.manual_seed(1)
     for _ in range(n_rollouts):
@@ -134,14 +102,15 @@ def test_rollout_equals_sb3_loop(case: str) -> None:
     lean, lean_locals = _collect(collect_rollouts_lean, case)
     for field in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages",
                   "returns"):
-        _assert_equal(getattr(sb3.rollout_buffer, field), getattr(lean.rollout_buffer, field), field)
+        assert_same_state(getattr(sb3.rollout_buffer, field), getattr(lean.rollout_buffer, field), field)
     assert (sb3.rollout_buffer.pos, sb3.rollout_buffer.full) == (lean.rollout_buffer.pos, lean.rollout_buffer.full)
     assert sb3.num_timesteps == lean.num_timesteps == 2 * N_STEPS * sb3.n_envs
-    _assert_equal(sb3._last_obs, lean._last_obs, "_last_obs")
-    _assert_equal(sb3._last_episode_starts, lean._last_episode_starts, "_last_episode_starts")
-    _assert_equal(list(sb3.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
+    assert_same_state(sb3._last_obs, lean._last_obs, "_last_obs")
+    assert_same_state(sb3._last_episode_starts, lean._last_episode_starts, "_last_episode_starts")
+    assert_same_state(list(sb3.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
     assert len(sb3_locals.steps) == len(lean_locals.steps) == 2 * N_STEPS
-    _assert_equal(sb3_locals.steps, lean_locals.steps, "locals")
+    assert all(env is lean.env for env in lean_locals.envs)
+    assert_same_state(sb3_locals.steps, lean_locals.steps, "locals")
     assert_identical(sb3, lean)  # collection changes no parameter
 
 
@@ -181,7 +150,7 @@ def test_fused_step_equals_policy_forward(case: str, rows: int) -> None:
     th.manual_seed(3)
     with th.inference_mode():
         got = fused(obs_tensor)
-    _assert_equal(list(expected), list(got), "actions, values, log_prob")
+    assert_same_state(list(expected), list(got), "actions, values, log_prob")
 
 
 class CustomForwardPolicy(ActorCriticPolicy):
@@ -227,4 +196,4 @@ def test_learn_equals_scalable_ppo_on_sb3_loop(kwargs: dict[str, Any], monkeypat
     _sb3_loop(monkeypatch)
     reference = train_one(ScalablePPO, lambda: _vec("Pendulum-v1", n_envs=2), 3 * 128, "MlpPolicy", "cpu", **common)
     assert_identical(reference, lean)
-    _assert_equal(lean._last_obs, reference._last_obs, "_last_obs")
+    assert_same_state(lean._last_obs, reference._last_obs, "_last_obs")

@@ -1,7 +1,8 @@
 """ScalableMaskablePPO: sb3-contrib's ``MaskablePPO`` with the scale layer.
 
-Identical by default: collection, policies, ``predict`` and save format are MaskablePPO's; ``train()`` is the
-shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in
+Identical by default: policies, ``predict`` and save format are MaskablePPO's, and its rollouts are collected by the
+lean loop (:mod:`sb3_ppo_scale.core.lean_collect`: MaskablePPO's ``collect_rollouts`` with the fused, masked policy
+call; the same rollout bit for bit); ``train()`` is the shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in
 its order. What masking adds to that update is supplied here:
 
 - the rollout's ``action_masks`` are staged with the rest of the rollout (``DeviceRollout.extras``) and gathered into
@@ -27,6 +28,7 @@ from sb3_contrib.common.maskable.buffers import (
     MaskableRolloutBuffer,
     MaskableRolloutBufferSamples,
 )
+from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
@@ -101,6 +103,16 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
     @property
     def _evaluator(self) -> Evaluator:
         return evaluate_masked
+
+    _lean_reproduces = _CheckedMaskablePPO
+
+    def _lean_collection(self, env: Any) -> tuple[Any, Any]:
+        """MaskablePPO's: with ``use_masking``, the env's masks (checked, :class:`MaskCheckingVecEnv`) every step."""
+        if not self._use_masking:
+            return env, None
+        if not is_masking_supported(env):
+            raise ValueError("Environment does not support action masking. Consider using ActionMasker wrapper")
+        return MaskCheckingVecEnv(env, self.action_space), get_action_masks
 
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool = True) -> bool:

@@ -3,8 +3,8 @@
 ``class ScalablePPO(ScalableOnPolicyMixin, PPO)`` and sb3-contrib's ``ScalableMaskablePPO`` /
 ``ScalableRecurrentPPO`` share everything here: the device-resident rollout, the loader, the update step, the
 objectives and the KL-adaptive rate, the non-finite guard, checkpoint state, the data-parallel reducer and the
-collection hooks. The mixin replaces the algorithm's ``train()``; the algorithm keeps its own collection, policies,
-``predict`` and save format. What differs between algorithms is supplied by overriding a few hooks (section
+collection hooks. The mixin replaces the algorithm's ``train()`` and runs its collection lean where the lean loop
+reproduces it (SB3's and MaskablePPO's loops); the algorithm keeps its policies, ``predict`` and save format. What differs between algorithms is supplied by overriding a few hooks (section
 "algorithm hooks" below):
 
 - :meth:`~ScalableOnPolicyMixin._rollout_extras`: per-sample fields beyond PPO's six (action masks; LSTM states and
@@ -259,13 +259,18 @@ class ScalableOnPolicyMixin:
         if self.overlap_collection and overlap_supported(self, env):
             return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
         if self._collects_lean():
-            return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps)
+            lean_env, action_masks_of = self._lean_collection(env)
+            return collect_rollouts_lean(self, lean_env, callback, rollout_buffer, n_rollout_steps, action_masks_of)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
+    #: The class whose ``collect_rollouts`` the lean loop reproduces (with :meth:`_lean_collection`'s env and masks);
+    #: an algorithm whose own loop is another (RecurrentPPO's, with LSTM states) keeps its loop.
+    _lean_reproduces: type = OnPolicyAlgorithm
+
     def _collects_lean(self) -> bool:
-        """Whether the lean loop replaces the algorithm's: only SB3's own ``collect_rollouts`` (sb3-contrib's classes
-        collect masks or LSTM states their way), and only for a policy it can run exactly (else a warning, once)."""
-        if algorithm_base(type(self)).collect_rollouts is not OnPolicyAlgorithm.collect_rollouts:
+        """Whether the lean loop replaces the algorithm's: only the ``collect_rollouts`` it reproduces
+        (``_lean_reproduces``'s), and only for a policy it can run exactly (else a warning, once)."""
+        if algorithm_base(type(self)).collect_rollouts is not self._lean_reproduces.collect_rollouts:
             return False
         blocker = lean_blocker(self)
         if blocker is not None:
@@ -276,6 +281,11 @@ class ScalableOnPolicyMixin:
     # What differs between on-policy PPO algorithms. The defaults are SB3 PPO's; sb3-contrib's classes override them.
     def _check_supported(self, config: ScaleConfig) -> None:
         """Raise ValueError naming an added argument this algorithm cannot honour (default: all are supported)."""
+
+    def _lean_collection(self, env: Any) -> tuple[Any, Any]:
+        """The env the lean loop steps and the function that reads each step's action masks from it (default: ``env``
+        itself, no masks)."""
+        return env, None
 
     def _rollout_extras(self, buffer: Any) -> dict[str, np.ndarray]:
         """The algorithm's own per-sample rollout fields, flattened to SB3's env-major order (default: none)."""

@@ -14,8 +14,12 @@ the same order, with the same random-number draws, straight from the policy's ow
   makes, scaled and shifted as it does; ``torch.multinomial`` and ``torch.bernoulli`` on the same inputs). Quantities that depend only on parameters (the Gaussian's standard
   deviation, its log and its doubled variance) are computed once per rollout, with the same operations.
 
+sb3-contrib's ``MaskableActorCriticPolicy`` family is fused the same way: ``policy(obs, action_masks=masks)`` is
+reproduced by the masked samplers (the logits normalised, masked to -1e8, normalised again, as ``MaskableCategorical``
+does, whether or not masks are given).
+
 Every output is bit-identical to ``policy(obs)`` and leaves the torch RNG in the same state; tests/test_lean_collect.py
-proves it per action space. Distributions without a fused sampler (gSDE) use the policy's own distribution object;
+proves it per action space (tests/test_contrib_maskable.py for the masked policies). Distributions without a fused sampler (gSDE) use the policy's own distribution object;
 :func:`fusion_blocker` names what makes a policy unsafe to fuse (a custom policy class or forward, module hooks),
 and collection then runs SB3's loop.
 
@@ -32,6 +36,16 @@ from typing import Any
 import torch as th
 import torch.nn.functional as F
 from gymnasium import spaces
+from sb3_contrib.common.maskable.distributions import (
+    MaskableBernoulliDistribution,
+    MaskableCategoricalDistribution,
+    MaskableMultiCategoricalDistribution,
+)
+from sb3_contrib.common.maskable.policies import (
+    MaskableActorCriticCnnPolicy,
+    MaskableActorCriticPolicy,
+    MaskableMultiInputActorCriticPolicy,
+)
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
     CategoricalDistribution,
@@ -45,19 +59,25 @@ from stable_baselines3.common.torch_layers import FlattenExtractor, MlpExtractor
 Layer = Callable[[th.Tensor], th.Tensor]
 #: log(sqrt(2 pi)), the constant torch's Normal.log_prob subtracts
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-#: The policy classes whose forward is SB3's ActorCriticPolicy.forward, unchanged.
-FUSIBLE_POLICIES = (ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy)
-#: Methods of ActorCriticPolicy that the fused step replaces; a subclass overriding one is not fused.
+#: The policy classes whose forward is SB3's ActorCriticPolicy.forward or sb3-contrib's
+#: MaskableActorCriticPolicy.forward, unchanged.
+FUSIBLE_POLICIES = (ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy,
+                    MaskableActorCriticPolicy, MaskableActorCriticCnnPolicy, MaskableMultiInputActorCriticPolicy)
+#: The classes whose forward the fused step reproduces (a user's policy subclasses one of them).
+_FORWARD_CLASSES = (ActorCriticPolicy, MaskableActorCriticPolicy)
+#: Methods of those classes that the fused step replaces; a subclass overriding one is not fused.
 _REPLACED_METHODS = ("forward", "extract_features", "_get_action_dist_from_latent")
 
 
 def fusion_blocker(policy: th.nn.Module) -> str | None:
     """Why ``policy(obs)`` cannot be replaced by :class:`FusedActorCritic` exactly, or None when it can."""
     if type(policy) not in FUSIBLE_POLICIES:
-        if not isinstance(policy, ActorCriticPolicy):
-            return f"policy class {type(policy).__name__} is not an SB3 ActorCriticPolicy"
+        reference = next((base for base in _FORWARD_CLASSES if isinstance(policy, base)), None)
+        if reference is None:
+            return (f"policy class {type(policy).__name__} is not an SB3 ActorCriticPolicy or an sb3-contrib "
+                    f"MaskableActorCriticPolicy")
         overridden = [name for name in _REPLACED_METHODS
-                      if getattr(type(policy), name) is not getattr(ActorCriticPolicy, name)]
+                      if getattr(type(policy), name) is not getattr(reference, name)]
         if overridden:
             return f"policy class {type(policy).__name__} overrides {', '.join(overridden)}"
     if type(policy.mlp_extractor) is not MlpExtractor:
@@ -149,14 +169,43 @@ class CategoricalSampler(ActionSampler):
         return _categorical(mean_actions)
 
 
+def _masked_categorical(logits: th.Tensor, masks: Any) -> tuple[th.Tensor, th.Tensor]:
+    """sb3-contrib's ``MaskableCategorical(logits=...)`` after ``apply_masking(masks)``: the logits normalised, masked
+    entries set to -1e8 (none when ``masks`` is None), then torch's ``Categorical`` on the result."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    if masks is not None:
+        allowed = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(normalized.shape)
+        normalized = th.where(allowed, normalized, th.tensor(-1e8, dtype=logits.dtype, device=logits.device))
+    return _categorical(normalized)
+
+
+class MaskedCategoricalSampler(ActionSampler):
+    """``MaskableCategoricalDistribution``, masked by the step's ``action_masks`` (or not, when None)."""
+
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor,
+                 action_masks: Any = None) -> tuple[th.Tensor, th.Tensor]:
+        return _masked_categorical(mean_actions, action_masks)
+
+
 class MultiCategoricalSampler(ActionSampler):
-    """``MultiCategoricalDistribution``: one categorical per dimension, sampled in order, log-probs summed."""
+    """``MultiCategoricalDistribution``: one categorical per dimension, sampled in order, log-probs summed. With
+    ``masked``, sb3-contrib's ``MaskableMultiCategoricalDistribution`` (and ``MaskableBernoulliDistribution``, two
+    categories per bit): the step's masks split into one block per sub-action, each sub-action masked."""
 
-    def __init__(self, action_dims: list[int]) -> None:
-        self.action_dims = list(action_dims)
+    def __init__(self, action_dims: list[int], masked: bool = False) -> None:
+        self.action_dims = [int(n) for n in action_dims]
+        self.masked = masked
 
-    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        drawn = [_categorical(logits) for logits in th.split(mean_actions, self.action_dims, dim=1)]
+    def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor,
+                 action_masks: Any = None) -> tuple[th.Tensor, th.Tensor]:
+        logits = th.split(mean_actions, self.action_dims, dim=1)
+        if not self.masked:
+            drawn = [_categorical(part) for part in logits]
+        else:
+            masks: Any = [None] * len(logits)
+            if action_masks is not None:
+                masks = th.split(th.as_tensor(action_masks).view(-1, sum(self.action_dims)), self.action_dims, dim=1)
+            drawn = [_masked_categorical(part, mask) for part, mask in zip(logits, masks)]
         actions = th.stack([action for action, _ in drawn], dim=1)
         return actions, th.stack([log_prob for _, log_prob in drawn], dim=1).sum(dim=1)
 
@@ -182,7 +231,7 @@ class DistributionSampler(ActionSampler):
         return actions, distribution.log_prob(actions)
 
 
-def make_sampler(policy: ActorCriticPolicy) -> ActionSampler:
+def make_sampler(policy: ActorCriticPolicy | MaskableActorCriticPolicy) -> ActionSampler:
     """The fused sampler of ``policy.action_dist`` (:class:`DistributionSampler` for any other kind)."""
     dist = policy.action_dist
     if type(dist) is DiagGaussianDistribution:
@@ -193,6 +242,10 @@ def make_sampler(policy: ActorCriticPolicy) -> ActionSampler:
         return MultiCategoricalSampler(dist.action_dims)
     if type(dist) is BernoulliDistribution:
         return BernoulliSampler()
+    if type(dist) is MaskableCategoricalDistribution:
+        return MaskedCategoricalSampler()
+    if type(dist) in (MaskableMultiCategoricalDistribution, MaskableBernoulliDistribution):
+        return MultiCategoricalSampler(dist.action_dims, masked=True)
     return DistributionSampler(policy)
 
 
@@ -200,11 +253,11 @@ def make_sampler(policy: ActorCriticPolicy) -> ActionSampler:
 class FusedActorCritic:
     """``policy(obs)`` (sampled actions, values, log-probs), computed without module dispatch or Distribution objects.
 
-    :param policy: an SB3 actor-critic policy for which :func:`fusion_blocker` returns None; its parameters are read
-        by reference, so build one per rollout.
+    :param policy: an SB3 actor-critic policy (or sb3-contrib maskable one) for which :func:`fusion_blocker` returns
+        None; its parameters are read by reference, so build one per rollout.
     """
 
-    def __init__(self, policy: ActorCriticPolicy) -> None:
+    def __init__(self, policy: ActorCriticPolicy | MaskableActorCriticPolicy) -> None:
         self.policy = policy
         self.action_shape = policy.action_space.shape
         self.actor = _chain(policy.mlp_extractor.policy_net)
@@ -214,7 +267,7 @@ class FusedActorCritic:
         self.sampler = make_sampler(policy)
         self._pi_features, self._vf_features = self._feature_functions(policy)
 
-    def _feature_functions(self, policy: ActorCriticPolicy) -> tuple[Callable[[Any], th.Tensor], Callable[[Any], th.Tensor]]:
+    def _feature_functions(self, policy: ActorCriticPolicy | MaskableActorCriticPolicy) -> tuple[Callable[[Any], th.Tensor], Callable[[Any], th.Tensor]]:
         """Observation -> features for the actor and for the critic (the same function when the extractor is shared)."""
         space, normalize = policy.observation_space, policy.normalize_images
         flat = isinstance(space, spaces.Box) and not (normalize and len(space.shape) == 3)
@@ -230,11 +283,17 @@ class FusedActorCritic:
             return shared, shared
         return features_with(policy.pi_features_extractor), features_with(policy.vf_features_extractor)
 
-    def __call__(self, obs: th.Tensor | dict[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def __call__(self, obs: th.Tensor | dict[str, th.Tensor],
+                 action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """(actions, values, log_prob) as ``policy(obs)``; ``action_masks`` (a maskable policy only) as
+        ``policy(obs, action_masks=action_masks)``."""
         pi_features = self._pi_features(obs)
         vf_features = pi_features if self._vf_features is self._pi_features else self._vf_features(obs)
         latent_pi = self.actor(pi_features)
         latent_vf = self.critic(vf_features)
         values = self.value_net(latent_vf)
-        actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi)
+        if action_masks is None:
+            actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi)
+        else:
+            actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi, action_masks)  # type: ignore[call-arg]
         return actions.reshape((-1, *self.action_shape)), values, log_prob

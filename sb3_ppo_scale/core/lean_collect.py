@@ -10,7 +10,12 @@ number as it was:
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
 - the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
   ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
-  ``clipped_actions``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's loop has.
+  ``clipped_actions``, ``action_masks``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's
+  loop has.
+
+With ``action_masks_of`` it is sb3-contrib's ``MaskablePPO.collect_rollouts`` instead: each step's masks are read
+from the env before the policy call, the policy samples from the masked distribution and the buffer stores the masks
+(``MaskableRolloutBuffer.add``); without it, MaskablePPO's ``use_masking=False``.
 
 :func:`lean_blocker` says when the lean loop cannot promise SB3's numbers (a custom policy class or forward, module
 hooks); the model then runs SB3's loop and logs why once.
@@ -23,6 +28,9 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from collections.abc import Callable
+
+from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
@@ -38,14 +46,20 @@ def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
 
 
 def _writes_in_place(buffer: RolloutBuffer) -> bool:
-    """A buffer whose ``add`` is ``RolloutBuffer.add`` with a flat (non-dict) observation array."""
-    return type(buffer).add is RolloutBuffer.add and isinstance(buffer.observations, np.ndarray)
+    """A buffer whose ``add`` is ``RolloutBuffer.add`` (or ``MaskableRolloutBuffer.add``) with a flat (non-dict)
+    observation array."""
+    return type(buffer).add in (RolloutBuffer.add, MaskableRolloutBuffer.add) \
+        and isinstance(buffer.observations, np.ndarray)
 
 
 def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-           episode_starts: np.ndarray, values: th.Tensor, log_probs: th.Tensor) -> None:
-    """What ``RolloutBuffer.add`` stores, written straight into its arrays (values cast on assignment, as there)."""
+           episode_starts: np.ndarray, values: th.Tensor, log_probs: th.Tensor,
+           action_masks: np.ndarray | None = None) -> None:
+    """What ``RolloutBuffer.add`` (``MaskableRolloutBuffer.add`` with ``action_masks``) stores, written straight into
+    its arrays (values cast on assignment, as there)."""
     pos = buffer.pos
+    if action_masks is not None:
+        buffer.action_masks[pos] = action_masks.reshape((buffer.n_envs, buffer.mask_dims))  # type: ignore[attr-defined]
     if isinstance(buffer.observation_space, spaces.Discrete):
         obs = obs.reshape((buffer.n_envs, *buffer.obs_shape))
     buffer.observations[pos] = obs
@@ -72,9 +86,13 @@ def bootstrap_time_limits(model: OnPolicyAlgorithm, rewards: np.ndarray, dones: 
 
 
 def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
-                          n_rollout_steps: int) -> bool:
+                          n_rollout_steps: int,
+                          action_masks_of: Callable[[VecEnv], np.ndarray] | None = None) -> bool:
     """SB3's ``collect_rollouts`` (same arguments, same return, same buffer contents and RNG draws) for a model
-    for which :func:`lean_blocker` is None. ``self`` is the model, so callbacks find it under the name SB3 uses."""
+    for which :func:`lean_blocker` is None. ``self`` is the model, so callbacks find it under the name SB3 uses.
+
+    :param action_masks_of: for a maskable policy, the function that reads the envs' masks before each step
+        (sb3-contrib's ``get_action_masks``); None collects without masks."""
     assert self._last_obs is not None, "No previous observation was provided"
     self.policy.set_training_mode(False)
 
@@ -89,6 +107,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
     box = isinstance(self.action_space, spaces.Box)
     squash = box and self.policy.squash_output
     low, high = (self.action_space.low, self.action_space.high) if box else (None, None)
+    action_masks = None
 
     while n_steps < n_rollout_steps:
         if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
@@ -96,7 +115,9 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
 
         with th.inference_mode():
             obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-            actions, values, log_probs = act(obs_tensor)
+            if action_masks_of is not None:
+                action_masks = action_masks_of(env)
+            actions, values, log_probs = act(obs_tensor, action_masks)
         actions = actions.cpu().numpy()
 
         clipped_actions = actions
@@ -121,7 +142,11 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
             bootstrap_time_limits(self, rewards, dones, infos)
 
         if in_place:
-            _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
+            _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
+                   action_masks)
+        elif action_masks is not None:
+            rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
+                               action_masks=action_masks)  # type: ignore[call-arg]
         else:
             rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs)  # type: ignore[arg-type]
         self._last_obs = new_obs  # type: ignore[assignment]

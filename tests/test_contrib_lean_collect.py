@@ -1,0 +1,128 @@
+"""ScalableMaskablePPO collects with the lean loop and writes MaskablePPO's rollout bit for bit.
+
+Two identical ScalableMaskablePPO models (same seed, same env construction) collect two rollouts from the same torch
+RNG state: one through sb3-contrib's ``MaskablePPO.collect_rollouts`` (with the scale layer's mask check), the other
+through the model's own collection (the lean loop with the fused, masked policy call). Every buffer field (the
+masks included), the RNG state afterwards, ``num_timesteps``, ``_last_obs``, the episode-info buffer and what a
+callback reads from ``locals`` at every step must be equal, with masks and with ``use_masking=False``. ``learn()``
+against MaskablePPO (parameters and Adam state) is in tests/test_contrib_maskable.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
+from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_ppo_scale import ScalableMaskablePPO
+from sb3_ppo_scale.contrib.maskable import _CheckedMaskablePPO
+from sb3_ppo_scale.contrib.masks import mask_blocks
+from sb3_ppo_scale.core import algorithm
+from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
+from tests.helpers import LocalsRecorder, assert_identical, assert_same_state
+
+N_STEPS = 40
+ENVS = {
+    "discrete": lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10),
+    "multidiscrete": lambda: InvalidActionEnvMultiDiscrete(dims=[3, 4, 5], n_invalid_actions=6),
+    "multibinary": lambda: InvalidActionEnvMultiBinary(dims=6, n_invalid_actions=3),
+}
+#: what MaskablePPO's loop offers callbacks in ``locals`` and the test compares at every step
+LOCALS = ("actions", "values", "log_probs", "obs_tensor", "action_masks", "new_obs", "rewards", "dones", "infos",
+          "n_steps", "n_rollout_steps")
+BUFFER_FIELDS = ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages",
+                 "returns", "action_masks")
+
+
+def _model(kind: str) -> ScalableMaskablePPO:
+    env = make_vec_env(ENVS[kind], n_envs=3, seed=0)
+    return ScalableMaskablePPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=20, seed=0, device="cpu")
+
+
+def _collect(kind: str, lean: bool, use_masking: bool) -> tuple[ScalableMaskablePPO, LocalsRecorder]:
+    model = _model(kind)
+    recorder = LocalsRecorder(LOCALS)
+    _, callback = model._setup_learn(10**6, recorder)
+    th.manual_seed(1)
+    for _ in range(2):
+        if lean:
+            assert model.collect_rollouts(model.env, callback, model.rollout_buffer, N_STEPS, use_masking)
+        else:
+            assert _CheckedMaskablePPO.collect_rollouts(model, model.env, callback, model.rollout_buffer, N_STEPS,
+                                                        use_masking)
+    return model, recorder
+
+
+@pytest.mark.parametrize("use_masking", [True, False])
+@pytest.mark.parametrize("kind", list(ENVS))
+def test_rollout_equals_maskable_ppo_loop(kind: str, use_masking: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    contrib, contrib_locals = _collect(kind, lean=False, use_masking=use_masking)
+    after_contrib = th.rand(4)
+    lean_calls: list[Any] = []
+    lean_loop = algorithm.collect_rollouts_lean
+    monkeypatch.setattr(algorithm, "collect_rollouts_lean", lambda *a: lean_calls.append(a) or lean_loop(*a))
+    lean, lean_locals = _collect(kind, lean=True, use_masking=use_masking)
+    assert len(lean_calls) == 2  # the model's own collection ran the lean loop, once per rollout
+    assert th.equal(after_contrib, th.rand(4))  # the same random draws
+    for field in BUFFER_FIELDS:
+        assert_same_state(getattr(contrib.rollout_buffer, field), getattr(lean.rollout_buffer, field), field)
+    assert contrib.num_timesteps == lean.num_timesteps == 2 * N_STEPS * 3
+    assert_same_state(contrib._last_obs, lean._last_obs, "_last_obs")
+    assert_same_state(list(contrib.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
+    assert len(contrib_locals.steps) == len(lean_locals.steps) == 2 * N_STEPS
+    assert_same_state(contrib_locals.steps, lean_locals.steps, "locals")
+    masks_seen = [step["action_masks"] is not None for step in lean_locals.steps]
+    assert all(masks_seen) if use_masking else not any(masks_seen)
+    if use_masking:  # the masks were obeyed: every stored action is allowed by its stored mask
+        _assert_actions_allowed(lean)
+    assert_identical(contrib, lean)
+
+
+def _assert_actions_allowed(model: ScalableMaskablePPO) -> None:
+    buffer = model.rollout_buffer
+    blocks = mask_blocks(model.action_space)
+    starts = np.cumsum([0, *blocks[:-1]])
+    actions = buffer.actions.reshape(-1, len(blocks)).astype(int)
+    masks = buffer.action_masks.reshape(-1, sum(blocks)).astype(bool)
+    assert masks[np.arange(len(masks))[:, None], starts + actions].all()
+
+
+def _random_masks(action_space: spaces.Space, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Random masks with at least one allowed action per row and sub-action block."""
+    parts = []
+    for size in mask_blocks(action_space):
+        block = rng.random((rows, size)) < 0.5
+        block[np.arange(rows), rng.integers(0, size, rows)] = True
+        parts.append(block)
+    return np.concatenate(parts, axis=1)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("kind", [*ENVS, "multi_input"])
+def test_fused_step_equals_masked_policy_forward(kind: str, rows: int, masked: bool) -> None:
+    if kind == "multi_input":
+        observation_space = spaces.Dict({"position": spaces.Box(-1, 1, (3,)), "goal": spaces.Discrete(4)})
+        policy = MaskableMultiInputActorCriticPolicy(observation_space, spaces.Discrete(6), lambda _: 1e-3)
+    else:
+        policy = _model(kind).policy
+    policy.set_training_mode(False)
+    assert fusion_blocker(policy) is None
+    sample = [policy.observation_space.sample() for _ in range(rows)]
+    obs = ({key: np.stack([s[key] for s in sample]) for key in sample[0]} if isinstance(sample[0], dict)
+           else np.stack(sample))
+    obs_tensor = policy.obs_to_tensor(obs)[0]
+    masks = _random_masks(policy.action_space, rows, np.random.default_rng(rows)) if masked else None
+    th.manual_seed(3)
+    with th.no_grad():
+        expected = policy(obs_tensor, action_masks=masks)
+    th.manual_seed(3)
+    with th.inference_mode():
+        got = FusedActorCritic(policy)(obs_tensor, masks)
+    assert_same_state(list(expected), list(got), "actions, values, log_prob")
