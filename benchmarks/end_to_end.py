@@ -5,7 +5,8 @@ benchmarks/results/end_to_end/:
 
 ``collect``  collection steps/s of SB3's ``collect_rollouts`` against ScalablePPO's lean loop, on two identical
              models (DummyVecEnv + VecNormalize, SB3's default MlpPolicy), alternating rollouts from the same RNG
-             state; every pair of rollouts is checked equal field by field. Medians over the repeats.
+             state; every pair of rollouts is checked equal field by field. Medians over the repeats. A masking env
+             (``--envs InvalidActionEnvDiscrete80-v0``) compares MaskablePPO's loop with ScalableMaskablePPO's.
 ``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
              VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
 ``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
@@ -272,56 +273,73 @@ def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path
 
 
 # --------------------------------------------------------------------------------------------------- collect
-def _collection_pair(env_id: str, n_envs: int, seed: int) -> tuple[Any, Any]:
+def _collection_pair(env_id: str, n_envs: int, seed: int) -> list[tuple[str, Any, Any, Callable[..., bool]]]:
+    """Two identical models and the loops to time: SB3 PPO's ``collect_rollouts`` against the lean loop, or, on a
+    masking env (:data:`MASKING_ENVS`), MaskablePPO's against ScalableMaskablePPO's (the lean loop with masks)."""
+    from sb3_contrib import MaskablePPO
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
     from stable_baselines3.common.vec_env import VecNormalize
 
+    from sb3_ppo_scale import ScalableMaskablePPO
+    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+    from sb3_ppo_scale.experiments.algorithms import MASKING_ENVS, register_envs
+
+    register_envs(env_id)
+    if env_id in MASKING_ENVS:
+        pair = [("baseline", MaskablePPO, MaskablePPO.collect_rollouts),
+                ("lean", ScalableMaskablePPO, ScalableMaskablePPO.collect_rollouts)]
+    else:
+        pair = [("baseline", PPO, OnPolicyAlgorithm.collect_rollouts), ("lean", PPO, collect_rollouts_lean)]
     models = []
-    for _ in range(2):
-        env = VecNormalize(make_vec_env(env_id, n_envs=n_envs, seed=seed))
-        model = PPO("MlpPolicy", env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
+    for name, algo, collect in pair:
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+        env = env if env_id in MASKING_ENVS else VecNormalize(env)
+        model = algo("MlpPolicy", env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
         _, callback = model._setup_learn(10**9, CallbackList([]))
-        models.append((model, callback))
-    return models[0], models[1]
+        models.append((name, model, callback, collect))
+    return models
 
 
 def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
-    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
-
-    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
-
-    rows = ["| env | envs | SB3 loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |",
+    rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |",
             "|---|---:|---:|---:|---|---|"]
     for env_id in args.envs:
         for n_envs in args.n_envs:
-            (sb3, sb3_cb), (lean, lean_cb) = _collection_pair(env_id, n_envs, args.seed)
-            times: dict[str, list[float]] = {"sb3": [], "lean": []}
+            pair = _collection_pair(env_id, n_envs, args.seed)
+            (_, baseline, _, _), (_, lean, _, _) = pair
+            times: dict[str, list[float]] = {"baseline": [], "lean": []}
             equal = True
             for repeat in range(args.repeats + 1):  # the first pair warms up, untimed
-                rng = th.get_rng_state()
-                pair = [("sb3", sb3, sb3_cb, OnPolicyAlgorithm.collect_rollouts), ("lean", lean, lean_cb, collect_rollouts_lean)]
+                rng, np_rng = th.get_rng_state(), np.random.get_state()  # masking envs draw masks from np.random
                 for name, model, callback, collect in (pair if repeat % 2 else pair[::-1]):
                     th.set_rng_state(rng)
+                    np.random.set_state(np_rng)
                     start = time.perf_counter()
                     collect(model, model.env, callback, model.rollout_buffer, model.n_steps)
                     if repeat:
                         times[name].append(time.perf_counter() - start)
-                equal &= all(np.array_equal(getattr(sb3.rollout_buffer, f), getattr(lean.rollout_buffer, f))
-                             for f in ("observations", "actions", "rewards", "values", "log_probs", "advantages"))
-            steps = sb3.n_steps * n_envs
-            ratios = [s / l for s, l in zip(times["sb3"], times["lean"])]
-            rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['sb3']):.0f} | "
+                fields = ["observations", "actions", "rewards", "values", "log_probs", "advantages"]
+                fields += ["action_masks"] if hasattr(lean.rollout_buffer, "action_masks") else []
+                equal &= all(np.array_equal(getattr(baseline.rollout_buffer, f), getattr(lean.rollout_buffer, f))
+                             for f in fields)
+            steps = baseline.n_steps * n_envs
+            ratios = [b / l for b, l in zip(times["baseline"], times["lean"])]
+            rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['baseline']):.0f} | "
                         f"{steps / statistics.median(times['lean']):.0f} | {statistics.median(ratios):.2f}x "
                         f"[{min(ratios):.2f}, {max(ratios):.2f}] | {'yes' if equal else 'NO'} |")
             print(rows[-1], flush=True)
-    note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), DummyVecEnv + VecNormalize, SB3's default "
-            f"MlpPolicy; median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
-            "RNG state on two identical models; 'rollouts equal': every buffer field equal in every pair.")
+    note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), SB3's default MlpPolicy. MuJoCo envs: "
+            "SB3 PPO's loop against the lean loop, DummyVecEnv + VecNormalize. Masking envs (sb3-contrib's "
+            "InvalidActionEnvDiscrete, DummyVecEnv): MaskablePPO's loop against ScalableMaskablePPO's (the lean loop "
+            f"with masks). Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
+            "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
+            "pair.")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "collect.md").write_text("\n".join(header("Collection: SB3's loop against the lean loop", argv, note)
-                                                  + rows) + "\n")
+    (RESULTS / "collect.md").write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
+                                                         note) + rows) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------- profile
