@@ -165,7 +165,7 @@ def test_custom_policy_falls_back_to_sb3_loop_and_says_so(monkeypatch: pytest.Mo
         == "policy class CustomForwardPolicy overrides forward"
     lean_calls = []
     monkeypatch.setattr(algorithm, "collect_rollouts_lean", lambda *a: lean_calls.append(a) or collect_rollouts_lean(*a))
-    with pytest.warns(UserWarning, match="collects with SB3's loop, not the lean one: policy class CustomForwardPolicy"):
+    with pytest.warns(UserWarning, match="collects with PPO's loop, not the lean one: policy class CustomForwardPolicy"):
         ScalablePPO(CustomForwardPolicy, "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0,
                     device="cpu").learn(32)
     assert not lean_calls

@@ -35,6 +35,7 @@ from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator, evaluate_with_distribution
+from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
 from sb3_ppo_scale.core.rollout import DeviceRollout, SampleTypes, flat_field
 
 #: what a masked rollout's gather returns: SB3's six fields, then ``action_masks``
@@ -106,13 +107,15 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
 
     _lean_reproduces = _CheckedMaskablePPO
 
-    def _lean_collection(self, env: Any) -> tuple[Any, Any]:
-        """MaskablePPO's: with ``use_masking``, the env's masks (checked, :class:`MaskCheckingVecEnv`) every step."""
+    def _collect_lean(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """MaskablePPO's loop, lean: with ``use_masking``, the env's masks (checked, :class:`MaskCheckingVecEnv`) are
+        read every step, sampled under and stored."""
         if not self._use_masking:
-            return env, None
+            return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps)
         if not is_masking_supported(env):
             raise ValueError("Environment does not support action masking. Consider using ActionMasker wrapper")
-        return MaskCheckingVecEnv(env, self.action_space), get_action_masks
+        checked = MaskCheckingVecEnv(env, self.action_space)
+        return collect_rollouts_lean(self, checked, callback, rollout_buffer, n_rollout_steps, get_action_masks)
 
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool = True) -> bool:

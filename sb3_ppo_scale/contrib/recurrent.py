@@ -1,7 +1,8 @@
 """ScalableRecurrentPPO: sb3-contrib's ``RecurrentPPO`` with the scale layer, and an opt-in batched LSTM update.
 
-Identical by default: collection, policies, ``predict`` and save format are RecurrentPPO's; ``train()`` is the shared
-update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) over contrib's minibatches of padded sequences
+Identical by default: policies, ``predict`` and save format are RecurrentPPO's, and its rollouts are collected by
+RecurrentPPO's loop run lean (:mod:`sb3_ppo_scale.contrib.recurrent_collect`: the same rollout and LSTM states, bit
+for bit); ``train()`` is the shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) over contrib's minibatches of padded sequences
 (:mod:`sb3_ppo_scale.contrib.sequences`), with RecurrentPPO's masked means and its per-step LSTM loop
 (``RecurrentActorCriticPolicy._process_sequence``).
 
@@ -26,6 +27,7 @@ from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, Rec
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from sb3_ppo_scale.contrib.recurrent_collect import collect_rollouts_recurrent_lean, recurrent_lean_blocker
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.collect import resolve_collect_device
@@ -221,6 +223,15 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
                                self.grad_accum_steps if shuffle else 1, self.device, shuffle=shuffle)
         return SequenceLoader(rollout, self._sequence_starts, batch_size, self.grad_accum_steps if shuffle else 1,
                               self.device, shuffle=shuffle)
+
+    _lean_reproduces = RecurrentPPO
+
+    def _lean_blocker(self) -> str | None:
+        return recurrent_lean_blocker(self.policy)
+
+    def _collect_lean(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """RecurrentPPO's loop, lean (:func:`~sb3_ppo_scale.contrib.recurrent_collect.collect_rollouts_recurrent_lean`)."""
+        return collect_rollouts_recurrent_lean(self, env, callback, rollout_buffer, n_rollout_steps)
 
     @property
     def _evaluator(self) -> Evaluator:

@@ -259,12 +259,11 @@ class ScalableOnPolicyMixin:
         if self.overlap_collection and overlap_supported(self, env):
             return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
         if self._collects_lean():
-            lean_env, action_masks_of = self._lean_collection(env)
-            return collect_rollouts_lean(self, lean_env, callback, rollout_buffer, n_rollout_steps, action_masks_of)
+            return self._collect_lean(env, callback, rollout_buffer, n_rollout_steps)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
-    #: The class whose ``collect_rollouts`` the lean loop reproduces (with :meth:`_lean_collection`'s env and masks);
-    #: an algorithm whose own loop is another (RecurrentPPO's, with LSTM states) keeps its loop.
+    #: The class whose ``collect_rollouts`` :meth:`_collect_lean` reproduces; a subclass whose algorithm collects
+    #: another way keeps its own loop.
     _lean_reproduces: type = OnPolicyAlgorithm
 
     def _collects_lean(self) -> bool:
@@ -272,9 +271,12 @@ class ScalableOnPolicyMixin:
         (``_lean_reproduces``'s), and only for a policy it can run exactly (else a warning, once)."""
         if algorithm_base(type(self)).collect_rollouts is not self._lean_reproduces.collect_rollouts:
             return False
-        blocker = lean_blocker(self)
+        blocker = self._lean_blocker()
         if blocker is not None:
-            warnings.warn(f"{type(self).__name__} collects with SB3's loop, not the lean one: {blocker}", stacklevel=3)
+            owner = next(base.__name__ for base in type(self).__mro__
+                         if base.__module__.startswith(("sb3_contrib.", "stable_baselines3.")))
+            warnings.warn(f"{type(self).__name__} collects with {owner}'s loop, not the lean one: {blocker}",
+                          stacklevel=3)
         return blocker is None
 
     # ----------------------------------------------------------------------------------------------- algorithm hooks
@@ -282,10 +284,13 @@ class ScalableOnPolicyMixin:
     def _check_supported(self, config: ScaleConfig) -> None:
         """Raise ValueError naming an added argument this algorithm cannot honour (default: all are supported)."""
 
-    def _lean_collection(self, env: Any) -> tuple[Any, Any]:
-        """The env the lean loop steps and the function that reads each step's action masks from it (default: ``env``
-        itself, no masks)."""
-        return env, None
+    def _lean_blocker(self) -> str | None:
+        """Why this model's policy cannot be collected lean exactly, or None (default: the fused ``policy(obs)``'s)."""
+        return lean_blocker(self)
+
+    def _collect_lean(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
+        """The lean loop: ``_lean_reproduces.collect_rollouts``, same rollout (default: SB3's, ``collect_rollouts_lean``)."""
+        return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps)
 
     def _rollout_extras(self, buffer: Any) -> dict[str, np.ndarray]:
         """The algorithm's own per-sample rollout fields, flattened to SB3's env-major order (default: none)."""

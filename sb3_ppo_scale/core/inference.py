@@ -41,45 +41,42 @@ from sb3_contrib.common.maskable.distributions import (
     MaskableCategoricalDistribution,
     MaskableMultiCategoricalDistribution,
 )
-from sb3_contrib.common.maskable.policies import (
-    MaskableActorCriticCnnPolicy,
-    MaskableActorCriticPolicy,
-    MaskableMultiInputActorCriticPolicy,
-)
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.distributions import (
     BernoulliDistribution,
     CategoricalDistribution,
     DiagGaussianDistribution,
     MultiCategoricalDistribution,
 )
-from stable_baselines3.common.policies import ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy
+from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import FlattenExtractor, MlpExtractor
 
 Layer = Callable[[th.Tensor], th.Tensor]
 #: log(sqrt(2 pi)), the constant torch's Normal.log_prob subtracts
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-#: The policy classes whose forward is SB3's ActorCriticPolicy.forward or sb3-contrib's
-#: MaskableActorCriticPolicy.forward, unchanged.
-FUSIBLE_POLICIES = (ActorCriticPolicy, ActorCriticCnnPolicy, MultiInputActorCriticPolicy,
-                    MaskableActorCriticPolicy, MaskableActorCriticCnnPolicy, MaskableMultiInputActorCriticPolicy)
-#: The classes whose forward the fused step reproduces (a user's policy subclasses one of them).
-_FORWARD_CLASSES = (ActorCriticPolicy, MaskableActorCriticPolicy)
+#: The classes whose forward the fused step reproduces; a policy is fused when it is one of them or a subclass that
+#: keeps every method of :data:`REPLACED_METHODS` (SB3's Cnn / MultiInput variants do).
+FORWARD_CLASSES = (ActorCriticPolicy, MaskableActorCriticPolicy)
 #: Methods of those classes that the fused step replaces; a subclass overriding one is not fused.
-_REPLACED_METHODS = ("forward", "extract_features", "_get_action_dist_from_latent")
+REPLACED_METHODS = ("forward", "extract_features", "_get_action_dist_from_latent")
 
 
-def fusion_blocker(policy: th.nn.Module) -> str | None:
-    """Why ``policy(obs)`` cannot be replaced by :class:`FusedActorCritic` exactly, or None when it can."""
-    if type(policy) not in FUSIBLE_POLICIES:
-        reference = next((base for base in _FORWARD_CLASSES if isinstance(policy, base)), None)
-        if reference is None:
-            return (f"policy class {type(policy).__name__} is not an SB3 ActorCriticPolicy or an sb3-contrib "
-                    f"MaskableActorCriticPolicy")
-        overridden = [name for name in _REPLACED_METHODS
-                      if getattr(type(policy), name) is not getattr(reference, name)]
-        if overridden:
-            return f"policy class {type(policy).__name__} overrides {', '.join(overridden)}"
+def fusion_blocker(policy: th.nn.Module, forward_classes: tuple[type, ...] = FORWARD_CLASSES,
+                   replaced: tuple[str, ...] = REPLACED_METHODS) -> str | None:
+    """Why ``policy(obs)`` cannot be replaced by a fused step exactly, or None when it can.
+
+    :param forward_classes: the classes whose forward the fused step reproduces (the first ``policy`` is an instance
+        of is its reference); default :class:`FusedActorCritic`'s.
+    :param replaced: the reference's methods that the fused step replaces (a subclass overriding one is refused).
+    """
+    reference = next((base for base in forward_classes if isinstance(policy, base)), None)
+    if reference is None:
+        return (f"policy class {type(policy).__name__} is not one of "
+                f"{', '.join(base.__name__ for base in forward_classes)}")
+    overridden = [name for name in replaced if getattr(type(policy), name) is not getattr(reference, name)]
+    if overridden:
+        return f"policy class {type(policy).__name__} overrides {', '.join(overridden)}"
     if type(policy.mlp_extractor) is not MlpExtractor:
         return f"mlp_extractor {type(policy.mlp_extractor).__name__} is not SB3's MlpExtractor"
     if th.nn.modules.module._global_forward_hooks or th.nn.modules.module._global_forward_pre_hooks:
@@ -90,7 +87,7 @@ def fusion_blocker(policy: th.nn.Module) -> str | None:
     return None
 
 
-def _direct(layer: th.nn.Module) -> Layer:
+def direct(layer: th.nn.Module) -> Layer:
     """``layer``'s computation without ``nn.Module.__call__`` (exactly what its ``forward`` does)."""
     if type(layer) is th.nn.Linear:
         weight, bias = layer.weight, layer.bias
@@ -110,7 +107,7 @@ def _leaves(module: th.nn.Module) -> list[th.nn.Module]:
 
 
 def _chain(module: th.nn.Module) -> Layer:
-    layers = [_direct(leaf) for leaf in _leaves(module)]
+    layers = [direct(leaf) for leaf in _leaves(module)]
     if not layers:
         return lambda x: x
 
@@ -262,8 +259,8 @@ class FusedActorCritic:
         self.action_shape = policy.action_space.shape
         self.actor = _chain(policy.mlp_extractor.policy_net)
         self.critic = _chain(policy.mlp_extractor.value_net)
-        self.action_net = _direct(policy.action_net)
-        self.value_net = _direct(policy.value_net)
+        self.action_net = direct(policy.action_net)
+        self.value_net = direct(policy.value_net)
         self.sampler = make_sampler(policy)
         self._pi_features, self._vf_features = self._feature_functions(policy)
 
@@ -287,11 +284,20 @@ class FusedActorCritic:
                  action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """(actions, values, log_prob) as ``policy(obs)``; ``action_masks`` (a maskable policy only) as
         ``policy(obs, action_masks=action_masks)``."""
+        pi_features, vf_features = self.features(obs)
+        return self.heads(pi_features, vf_features, action_masks)
+
+    def features(self, obs: th.Tensor | dict[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
+        """The actor's and the critic's features of ``obs`` (the same tensor when the extractor is shared)."""
         pi_features = self._pi_features(obs)
-        vf_features = pi_features if self._vf_features is self._pi_features else self._vf_features(obs)
-        latent_pi = self.actor(pi_features)
-        latent_vf = self.critic(vf_features)
-        values = self.value_net(latent_vf)
+        return pi_features, pi_features if self._vf_features is self._pi_features else self._vf_features(obs)
+
+    def heads(self, pi_latent: th.Tensor, vf_latent: th.Tensor,
+              action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """From the ``mlp_extractor``'s inputs on: its actor and critic nets, the value head, the action head and the
+        sampler; (actions, values, log_prob)."""
+        latent_pi = self.actor(pi_latent)
+        values = self.value_net(self.critic(vf_latent))
         if action_masks is None:
             actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi)
         else:

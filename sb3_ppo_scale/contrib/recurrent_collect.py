@@ -1,0 +1,194 @@
+"""Lean collection for ScalableRecurrentPPO: sb3-contrib's ``RecurrentPPO.collect_rollouts``, step for step, with the
+policy call fused.
+
+The loop below is RecurrentPPO's (same statements, same order, same random draws, the same ``locals`` for
+callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3's, none of which moves a number:
+
+- the policy call is :class:`FusedRecurrentActorCritic`: ``RecurrentActorCriticPolicy.forward``'s operations without
+  module dispatch or Distribution objects. Each ``nn.LSTM`` runs through the same ``torch._VF.lstm`` kernel its
+  ``forward`` calls, on its own flat weights; ``_process_sequence``'s two branches (no episode start in the batch:
+  the states as they are; otherwise each state multiplied by ``1 - episode_start``) are kept, the branch chosen from
+  the episode starts the loop already holds as a numpy array;
+- the time-limit bootstrap visits only the envs whose episode ended.
+
+:func:`recurrent_lean_blocker` says when the policy cannot be fused exactly (a policy class overriding a replaced
+method, an LSTM that is not ``nn.LSTM``, module hooks); the model then runs RecurrentPPO's loop and says why once.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+from sb3_contrib.common.recurrent.type_aliases import RNNStates
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.utils import obs_as_tensor
+from stable_baselines3.common.vec_env import VecEnv
+from torch import _VF
+
+from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, direct, fusion_blocker
+
+States = tuple[th.Tensor, th.Tensor]
+
+
+def recurrent_lean_blocker(policy: th.nn.Module) -> str | None:
+    """Why ``policy(obs, lstm_states, episode_starts)`` cannot be replaced by :class:`FusedRecurrentActorCritic`
+    exactly, or None when it can."""
+    blocker = fusion_blocker(policy, (RecurrentActorCriticPolicy,), (*REPLACED_METHODS, "_process_sequence"))
+    if blocker is not None:
+        return blocker
+    lstms = [policy.lstm_actor, policy.lstm_critic] if policy.lstm_critic is not None else [policy.lstm_actor]
+    odd = [type(lstm).__name__ for lstm in lstms if type(lstm) is not th.nn.LSTM]
+    return f"LSTM class {odd[0]} is not torch's nn.LSTM" if odd else None
+
+
+class LstmStep:
+    """``RecurrentActorCriticPolicy._process_sequence(features, states, episode_starts, lstm)``, calling the kernel
+    ``nn.LSTM.forward`` calls (``torch._VF.lstm``, on the module's flat weights and flags) without the module.
+
+    :param lstm: the policy's ``nn.LSTM``, in the mode it runs in (its ``training`` flag is read once).
+    """
+
+    def __init__(self, lstm: th.nn.LSTM) -> None:
+        lstm._update_flat_weights()  # what forward does first (a no-op unless the parameters were replaced)
+        self.input_size = lstm.input_size
+        self.flags = (lstm._flat_weights, lstm.bias, lstm.num_layers, lstm.dropout, lstm.training, lstm.bidirectional,
+                      lstm.batch_first)
+
+    def _lstm(self, sequence: th.Tensor, states: States) -> tuple[th.Tensor, States]:
+        output, hidden, cell = _VF.lstm(sequence, states, *self.flags)
+        return output, (hidden, cell)
+
+    def __call__(self, features: th.Tensor, states: States, episode_starts: th.Tensor,
+                 any_start: bool) -> tuple[th.Tensor, States]:
+        """The LSTM output ``(batch, hidden)`` and the new states; ``any_start`` is ``episode_starts.any()``."""
+        n_seq = states[0].shape[1]
+        sequence = features.reshape((n_seq, -1, self.input_size)).swapaxes(0, 1)
+        if not any_start:
+            output, states = self._lstm(sequence, states)
+            return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
+        starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
+        outputs = []
+        for step_features, start in zip(sequence, starts, strict=True):
+            keep = (1.0 - start).view(1, n_seq, 1)
+            hidden, states = self._lstm(step_features.unsqueeze(dim=0), (keep * states[0], keep * states[1]))
+            outputs.append(hidden)
+        return th.flatten(th.cat(outputs).transpose(0, 1), start_dim=0, end_dim=1), states
+
+
+class FusedRecurrentActorCritic:
+    """``policy(obs, lstm_states, episode_starts)`` of a ``RecurrentActorCriticPolicy`` (actions, values, log-probs,
+    new states), computed from the policy's own modules without module dispatch or Distribution objects.
+
+    :param policy: a policy for which :func:`recurrent_lean_blocker` is None; build one per rollout.
+    """
+
+    def __init__(self, policy: RecurrentActorCriticPolicy) -> None:
+        self.fused = FusedActorCritic(policy)
+        self.actor_lstm = LstmStep(policy.lstm_actor)
+        self.critic_lstm = LstmStep(policy.lstm_critic) if policy.lstm_critic is not None else None
+        self.shared_lstm = policy.shared_lstm
+        self.critic_linear = direct(policy.critic) if policy.critic is not None else None
+
+    def __call__(self, obs: Any, lstm_states: RNNStates, episode_starts: th.Tensor,
+                 any_start: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
+        pi_features, vf_features = self.fused.features(obs)
+        latent_pi, states_pi = self.actor_lstm(pi_features, lstm_states.pi, episode_starts, any_start)
+        if self.critic_lstm is not None:
+            latent_vf, states_vf = self.critic_lstm(vf_features, lstm_states.vf, episode_starts, any_start)
+        elif self.shared_lstm:
+            latent_vf, states_vf = latent_pi.detach(), (states_pi[0].detach(), states_pi[1].detach())
+        else:
+            latent_vf, states_vf = self.critic_linear(vf_features), states_pi  # type: ignore[misc]
+        actions, values, log_prob = self.fused.heads(latent_pi, latent_vf)
+        return actions, values, log_prob, RNNStates(states_pi, states_vf)
+
+
+def _bootstrap_time_limits(model: Any, rewards: np.ndarray, dones: np.ndarray, infos: list,
+                           lstm_states: RNNStates) -> None:
+    """RecurrentPPO's timeout handling: ``gamma * V(terminal observation)`` with that env's critic state, added to a
+    truncated episode's last reward, visiting only the envs whose episode ended."""
+    for idx in np.flatnonzero(dones):
+        info = infos[idx]
+        if info.get("terminal_observation") is not None and info.get("TimeLimit.truncated", False):
+            terminal_obs = model.policy.obs_to_tensor(info["terminal_observation"])[0]
+            with th.no_grad():
+                terminal_lstm_state = (lstm_states.vf[0][:, idx: idx + 1, :].contiguous(),
+                                       lstm_states.vf[1][:, idx: idx + 1, :].contiguous())
+                episode_starts = th.tensor([False], dtype=th.float32, device=model.device)
+                terminal_value = model.policy.predict_values(terminal_obs, terminal_lstm_state, episode_starts)[0]
+            rewards[idx] += model.gamma * terminal_value
+
+
+def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCallback,
+                                    rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> bool:
+    """RecurrentPPO's ``collect_rollouts`` (same arguments, return, buffer contents, LSTM states and RNG draws) for a
+    model whose policy passes :func:`recurrent_lean_blocker`. ``self`` is the model, as in RecurrentPPO's loop."""
+    assert self._last_obs is not None, "No previous observation was provided"
+    self.policy.set_training_mode(False)
+
+    n_steps = 0
+    rollout_buffer.reset()
+    if self.use_sde:
+        self.policy.reset_noise(env.num_envs)
+
+    callback.on_rollout_start()
+    act = FusedRecurrentActorCritic(self.policy)  # type: ignore[arg-type]  # after on_rollout_start, as the lean loop
+
+    lstm_states = deepcopy(self._last_lstm_states)  # type: ignore[attr-defined]
+    box = isinstance(self.action_space, spaces.Box)
+
+    while n_steps < n_rollout_steps:
+        if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
+            self.policy.reset_noise(env.num_envs)
+
+        with th.no_grad():
+            obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+            episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
+            actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
+                                                          bool(self._last_episode_starts.any()))  # type: ignore[union-attr]
+        actions = actions.cpu().numpy()
+
+        clipped_actions = actions
+        if box:
+            clipped_actions = np.clip(actions, self.action_space.low, self.action_space.high)  # type: ignore[union-attr]
+
+        new_obs, rewards, dones, infos = env.step(clipped_actions)
+
+        self.num_timesteps += env.num_envs
+
+        callback.update_locals(locals())
+        if not callback.on_step():
+            return False
+
+        self._update_info_buffer(infos, dones)
+        n_steps += 1
+
+        if isinstance(self.action_space, spaces.Discrete):
+            actions = actions.reshape(-1, 1)
+
+        if dones.any():
+            _bootstrap_time_limits(self, rewards, dones, infos, lstm_states)
+
+        rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
+                           lstm_states=self._last_lstm_states)  # type: ignore[attr-defined]
+
+        self._last_obs = new_obs  # type: ignore[assignment]
+        self._last_episode_starts = dones
+        self._last_lstm_states = lstm_states
+
+    with th.no_grad():
+        episode_starts = th.tensor(dones, dtype=th.float32, device=self.device)
+        values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type, call-arg]
+
+    rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+
+    callback.on_rollout_end()
+
+    return True
