@@ -16,13 +16,16 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) examples/quickstart.py
 
+# the suite with sb3-contrib's learning-performance test (tests/contrib/conftest.py), then SB3's own PPO tests with
+# ScalablePPO swapped in (docs/testing.md)
 test: $(VENV)/.installed
-	$(PY) -m pytest -n 2 --durations=15 tests
+	SB3_PPO_SCALE_CONTRIB_SLOW=1 $(PY) -m pytest -n 2 --durations=15 tests
+	bash tests/upstream/run_sb3_ppo_suite.sh
 
-# SB3's own tests that use PPO, with ScalablePPO swapped in (~570 tests; not part of `make test`)
+# SB3's own tests that use PPO, with ScalablePPO swapped in (121 tests, ~40 s; also run by `make test`)
 sb3-suite: $(VENV)/.installed
 	bash tests/upstream/run_sb3_ppo_suite.sh
 
-# sb3-contrib's own learning-performance tests with the Scalable classes (~15 min with -n 2; tests/contrib/)
+# sb3-contrib's own learning-performance test with the Scalable classes alone (~4 min of one core; in `make test` too)
 contrib-slow: $(VENV)/.installed
-	SB3_PPO_SCALE_CONTRIB_SLOW=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 -m slow tests/contrib
+	SB3_PPO_SCALE_CONTRIB_SLOW=1 OMP_NUM_THREADS=1 $(PY) -m pytest -m slow tests/contrib

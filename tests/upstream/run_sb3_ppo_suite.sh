@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SB3's own tests that use PPO, with ScalablePPO swapped in (`make sb3-suite`; not part of `make test`: ~570 tests).
+# SB3's own tests that use PPO, with ScalablePPO swapped in (`make sb3-suite`, and the end of `make test`).
 # Downloads the source distribution of the pinned stable-baselines3 (its tests/ are not in the wheel) into
 # .cache/sb3-tests/, adds a conftest.py that replaces stable_baselines3.PPO by ScalablePPO before the test modules
 # import it, and runs every test whose id mentions PPO. Extra arguments go to pytest (e.g. -x, -n 1).
