@@ -6,7 +6,8 @@ benchmarks/results/end_to_end/:
 ``collect``  collection steps/s of SB3's ``collect_rollouts`` against ScalablePPO's lean loop, on two identical
              models (DummyVecEnv + VecNormalize, SB3's default MlpPolicy), alternating rollouts from the same RNG
              state; every pair of rollouts is checked equal field by field. Medians over the repeats. A masking env
-             (``--envs InvalidActionEnvDiscrete80-v0``) compares MaskablePPO's loop with ScalableMaskablePPO's.
+             (``--envs InvalidActionEnvDiscrete80-v0``) compares MaskablePPO's loop with ScalableMaskablePPO's, a
+             velocity-masked one (``CartPoleNoVel-v1``) RecurrentPPO's with ScalableRecurrentPPO's.
 ``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
              VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
 ``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
@@ -274,30 +275,36 @@ def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path
 
 # --------------------------------------------------------------------------------------------------- collect
 def _collection_pair(env_id: str, n_envs: int, seed: int) -> list[tuple[str, Any, Any, Callable[..., bool]]]:
-    """Two identical models and the loops to time: SB3 PPO's ``collect_rollouts`` against the lean loop, or, on a
-    masking env (:data:`MASKING_ENVS`), MaskablePPO's against ScalableMaskablePPO's (the lean loop with masks)."""
-    from sb3_contrib import MaskablePPO
+    """Two identical models and the loops to time: SB3 PPO's ``collect_rollouts`` against the lean loop; on a
+    masking env (:data:`MASKING_ENVS`) MaskablePPO's against ScalableMaskablePPO's (the lean loop with masks); on a
+    velocity-masked ``*NoVel-v*`` env RecurrentPPO's against ScalableRecurrentPPO's (``MlpLstmPolicy``)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from sb3_ppo_scale import ScalableMaskablePPO
+    from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
     from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
     from sb3_ppo_scale.experiments.algorithms import MASKING_ENVS, register_envs
 
     register_envs(env_id)
+    policy = "MlpPolicy"
     if env_id in MASKING_ENVS:
         pair = [("baseline", MaskablePPO, MaskablePPO.collect_rollouts),
                 ("lean", ScalableMaskablePPO, ScalableMaskablePPO.collect_rollouts)]
+    elif "NoVel-v" in env_id:
+        policy = "MlpLstmPolicy"
+        pair = [("baseline", RecurrentPPO, RecurrentPPO.collect_rollouts),
+                ("lean", ScalableRecurrentPPO, ScalableRecurrentPPO.collect_rollouts)]
     else:
         pair = [("baseline", PPO, OnPolicyAlgorithm.collect_rollouts), ("lean", PPO, collect_rollouts_lean)]
     models = []
     for name, algo, collect in pair:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
         env = env if env_id in MASKING_ENVS else VecNormalize(env)
-        model = algo("MlpPolicy", env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
+        model = algo(policy, env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
         _, callback = model._setup_learn(10**9, CallbackList([]))
         models.append((name, model, callback, collect))
     return models
@@ -322,7 +329,7 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
                     if repeat:
                         times[name].append(time.perf_counter() - start)
                 fields = ["observations", "actions", "rewards", "values", "log_probs", "advantages"]
-                fields += ["action_masks"] if hasattr(lean.rollout_buffer, "action_masks") else []
+                fields += [f for f in ("action_masks", "hidden_states_pi", "cell_states_vf") if hasattr(lean.rollout_buffer, f)]
                 equal &= all(np.array_equal(getattr(baseline.rollout_buffer, f), getattr(lean.rollout_buffer, f))
                              for f in fields)
             steps = baseline.n_steps * n_envs
@@ -334,7 +341,9 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
     note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), SB3's default MlpPolicy. MuJoCo envs: "
             "SB3 PPO's loop against the lean loop, DummyVecEnv + VecNormalize. Masking envs (sb3-contrib's "
             "InvalidActionEnvDiscrete, DummyVecEnv): MaskablePPO's loop against ScalableMaskablePPO's (the lean loop "
-            f"with masks). Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
+            "with masks). Velocity-masked envs (rl_zoo3's `*NoVel-v*`, VecNormalize): RecurrentPPO's loop against "
+            "ScalableRecurrentPPO's, contrib's default `MlpLstmPolicy` (one 256-unit LSTM each for actor and critic). "
+            f"Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
             "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
             "pair.")
     RESULTS.mkdir(parents=True, exist_ok=True)
