@@ -68,8 +68,16 @@ def _novel_env(env_id: str, n_envs: int) -> Callable[[], Any]:
     return make
 
 
-RECURRENT = {"RecurrentPPO": (RecurrentPPO, {}), "ScalableRecurrentPPO": (ScalableRecurrentPPO, {}),
-             "ScalableRecurrentPPO(batched_sequences=True)": (ScalableRecurrentPPO, {"batched_sequences": True})}
+def _recurrent(sequence_length: int) -> dict[str, tuple[type, dict[str, Any]]]:
+    """RecurrentPPO, ScalableRecurrentPPO (default, batched) and the batched class with exact-size minibatches of
+    ``sequence_length``-step chunks (opt-in, not RecurrentPPO's sampling)."""
+    return {"RecurrentPPO": (RecurrentPPO, {}), "ScalableRecurrentPPO": (ScalableRecurrentPPO, {}),
+            "ScalableRecurrentPPO(batched_sequences=True)": (ScalableRecurrentPPO, {"batched_sequences": True}),
+            f"ScalableRecurrentPPO(batched_sequences=True, sequence_length={sequence_length})":
+                (ScalableRecurrentPPO, {"batched_sequences": True, "sequence_length": sequence_length})}
+
+
+
 CASES = {
     "cartpole_novel": Case(  # rl_zoo3 ppo_lstm.yml CartPoleNoVel-v1 (tuned)
         "CartPoleNoVel-v1 (zoo ppo_lstm: 8 envs x 32 steps, batch 256, 20 epochs, LSTM 64)",
@@ -77,13 +85,13 @@ CASES = {
         dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
              learning_rate=get_linear_fn(1e-3, 0.0, 1.0), clip_range=get_linear_fn(0.2, 0.0, 1.0),
              policy_kwargs=_zoo_lstm_kwargs()),
-        "MlpLstmPolicy", RECURRENT),
+        "MlpLstmPolicy", _recurrent(32)),
     "pendulum_novel": Case(  # rl_zoo3 ppo_lstm.yml PendulumNoVel-v1
         "PendulumNoVel-v1 (zoo ppo_lstm: 4 envs x 1024 steps, batch 128, 10 epochs, gSDE, LSTM 64)",
         _novel_env("PendulumNoVel-v1", 4),
         dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
              clip_range=0.2, use_sde=True, sde_sample_freq=4, policy_kwargs=_zoo_lstm_kwargs()),
-        "MlpLstmPolicy", RECURRENT),
+        "MlpLstmPolicy", _recurrent(32)),
     "masking": Case(  # contrib's documented masking test env, at MaskablePPO's defaults but a shorter rollout
         "InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60) (MaskablePPO defaults, 4 envs x 512 steps)",
         lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60), n_envs=4, seed=0),
