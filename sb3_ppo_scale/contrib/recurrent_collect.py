@@ -11,6 +11,9 @@ callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3
   the episode starts the loop already holds as a numpy array;
 - the time-limit bootstrap visits only the envs whose episode ended.
 
+The loop is written out rather than shared with :func:`~sb3_ppo_scale.core.lean_collect.collect_rollouts_lean`,
+whose middle it repeats: callbacks read the loop's own ``locals()``, so the step cannot move into a helper.
+
 :func:`recurrent_lean_blocker` says when the policy cannot be fused exactly (a policy class overriding a replaced
 method, an LSTM that is not ``nn.LSTM``, module hooks); the model then runs RecurrentPPO's loop and says why once.
 """
