@@ -151,3 +151,25 @@ def test_real_study_specs(name: str) -> None:
     assert spec.storage == f"tuning/results/{spec.name}/{spec.name}.journal"
     assert {p.name for p in spec.trained_space} == {"clip_range", "learning_rate", "gae_lambda", "batch_size", "n_epochs"}
     assert spec.rollout_size >= 4096 and spec.base["normalize"] is True
+
+
+def test_best_trials_and_csv_show_the_last_evaluation() -> None:
+    """Whether the best policies learned the task is readable in the report: the last evaluation's return (mean over
+    the trial's seeds) beside each best trial, and in every row of the CSV."""
+    from sb3_ppo_scale.tuning.report import best_trials, trials_csv
+
+    dist = {"clip_range": optuna.distributions.FloatDistribution(0.1, 0.3)}
+    curves = {"eval_returns": [[10.0, 2000.0], [20.0, 3000.0]], "seed_values": [1005.0, 1510.0]}
+    hopping = optuna.trial.create_trial(params={"clip_range": 0.2}, distributions=dist, value=1257.5, user_attrs=curves)
+    no_curve = optuna.trial.create_trial(params={"clip_range": 0.1}, distributions=dist, value=5.0)
+    hopping.number, no_curve.number = 0, 1
+
+    class Result:
+        trials, noise_trials, n_trials, real_params, params = [hopping, no_curve], [], 2, ["clip_range"], ["clip_range"]
+        arguments, label = {"clip_range": "clip_range"}, "Hopper-v5"
+
+    table = "\n".join(best_trials(Result()))  # type: ignore[arg-type]
+    assert "| last evaluation (seed mean) |" in table and "| 0 | 1257.5 |" in table and "| 2500.0 |" in table
+    rows = trials_csv(Result()).splitlines()  # type: ignore[arg-type]
+    assert rows[0].split(",")[7] == "last_eval_return"
+    assert rows[1].split(",")[7] == "2500" and rows[2].split(",")[7] == ""

@@ -430,31 +430,38 @@ def _stability_text(result: StudyResult, ev: str) -> str:
 
 
 def best_trials(result: StudyResult) -> list[str]:
-    """The best 10% of sampled trials with their per-seed spread (all trials: trials_<label>.csv)."""
+    """The best 10% of sampled trials with their per-seed spread and their last evaluation's return (whether the best
+    policies learned the task by the end of the budget; all trials: trials_<label>.csv)."""
     best = sorted(result.trials, key=lambda t: (-float(t.value), t.number))[: max(1, math.ceil(TOP_FRACTION * result.n_trials))]  # type: ignore[arg-type]
-    header = ["trial", "objective (seed mean)", "seed std", "seed min", "seed max"] + [
+    header = ["trial", "objective (seed mean)", "seed std", "seed min", "seed max", "last evaluation (seed mean)"] + [
         result.arguments[p] for p in result.real_params]
     lines = [f"Best {len(best)} sampled trials (per-seed spread; every trial: [trials_{_slug(result.label)}.csv]"
              f"(trials_{_slug(result.label)}.csv)):", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for t in best:
         spread = seed_spread(t)
-        cells = [str(t.number), f"{float(t.value):.1f}", f"{spread.std:.1f}", f"{spread.low:.1f}", f"{spread.high:.1f}"]  # type: ignore[arg-type]
+        curve = learning_check([t])
+        cells = [str(t.number), f"{float(t.value):.1f}", f"{spread.std:.1f}", f"{spread.low:.1f}", f"{spread.high:.1f}",  # type: ignore[arg-type]
+                 "-" if curve is None else f"{curve[1]:.1f}"]
         cells += [_fmt(p, float(t.params[p])) for p in result.real_params]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def trials_csv(result: StudyResult) -> str:
-    """Every complete trial (sampled and noise repeats): value, per-seed values and spread, parameters."""
+    """Every complete trial (sampled and noise repeats): value, per-seed values and spread, the last evaluation's
+    return (mean over seeds; empty without stored curves), parameters."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", *result.params])
+    writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", "last_eval_return",
+                     *result.params])
     for t in sorted(result.trials + result.noise_trials, key=lambda t: t.number):
         spread = seed_spread(t)
         kind = "noise_repeat" if is_noise_trial(t) else "sampled"
         seeds = ";".join(f"{float(v):.6g}" for v in t.user_attrs.get("seed_values") or [t.value])
+        curve = learning_check([t])
         writer.writerow([t.number, kind, f"{float(t.value):.6g}", f"{spread.std:.6g}", f"{spread.low:.6g}",  # type: ignore[arg-type]
-                         f"{spread.high:.6g}", seeds, *(t.params.get(p, "") for p in result.params)])
+                         f"{spread.high:.6g}", seeds, "" if curve is None else f"{curve[1]:.6g}",
+                         *(t.params.get(p, "") for p in result.params)])
     return buffer.getvalue()
 
 
