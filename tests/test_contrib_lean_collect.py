@@ -27,6 +27,7 @@ from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import SimpleMultiObsEnv
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib import maskable, recurrent
@@ -38,10 +39,22 @@ from tests.helpers import LocalsRecorder, assert_identical, assert_same_state
 from tests.test_contrib_recurrent import CASES as RECURRENT_CASES
 
 N_STEPS = 40
+class DictObservation(gym.ObservationWrapper):
+    """The masking env's observation in a Dict (a MultiInputPolicy and a dict rollout buffer); masks pass through."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = spaces.Dict({"obs": env.observation_space})
+
+    def observation(self, observation: Any) -> dict[str, Any]:
+        return {"obs": observation}
+
+
 ENVS = {
     "discrete": lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10),
     "multidiscrete": lambda: InvalidActionEnvMultiDiscrete(dims=[3, 4, 5], n_invalid_actions=6),
     "multibinary": lambda: InvalidActionEnvMultiBinary(dims=6, n_invalid_actions=3),
+    "dict_observation": lambda: DictObservation(InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10)),
 }
 #: what MaskablePPO's loop offers callbacks in ``locals`` and the test compares at every step
 LOCALS = ("actions", "values", "log_probs", "obs_tensor", "action_masks", "new_obs", "rewards", "dones", "infos",
@@ -52,7 +65,8 @@ BUFFER_FIELDS = ("observations", "actions", "rewards", "episode_starts", "values
 
 def _model(kind: str) -> ScalableMaskablePPO:
     env = make_vec_env(ENVS[kind], n_envs=3, seed=0)
-    return ScalableMaskablePPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=20, seed=0, device="cpu")
+    policy = "MultiInputPolicy" if kind == "dict_observation" else "MlpPolicy"
+    return ScalableMaskablePPO(policy, env, n_steps=N_STEPS, batch_size=20, seed=0, device="cpu")
 
 
 def _collect(kind: str, lean: bool, use_masking: bool) -> tuple[ScalableMaskablePPO, LocalsRecorder]:
@@ -141,6 +155,8 @@ def test_fused_step_equals_masked_policy_forward(kind: str, rows: int, masked: b
 # ------------------------------------------------------------------------------------------------ recurrent
 RECURRENT = {
     **RECURRENT_CASES,
+    "multi_input": (lambda: make_vec_env(lambda: SimpleMultiObsEnv(random_start=False), n_envs=2, seed=0),
+                    "MultiInputLstmPolicy", dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16]))),
     "time_limit_bootstrap": (lambda: make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=15), n_envs=3,
                                                   seed=0), "MlpLstmPolicy",
                              dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16]))),
@@ -180,7 +196,7 @@ def test_rollout_equals_recurrent_ppo_loop(case: str, monkeypatch: pytest.Monkey
     assert_same_state(contrib._last_episode_starts, lean._last_episode_starts, "_last_episode_starts")
     assert_same_state(list(contrib.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
     assert_same_state(contrib_locals.steps, lean_locals.steps, "locals")
-    if case not in ("gsde", "cnn_lstm"):  # (their episodes outlast the rollouts; the first step is a start in all)
+    if case not in ("gsde", "cnn_lstm", "multi_input"):  # (episodes outlast the rollouts; step 0 is a start in all)
         assert lean.rollout_buffer.episode_starts[1:].any(), "no episode start inside the rollout"
     if case == "time_limit_bootstrap":
         truncated = [(step, i) for step, seen in enumerate(lean_locals.steps[N_STEPS:])
