@@ -176,3 +176,23 @@ def test_compile_loss_matches_eager_on_cuda() -> None:
     )
     assert max_param_diff(eager, compiled) <= TOL
     assert compiled._n_grad_steps == eager._n_grad_steps
+
+
+@pytest.mark.parametrize("algo", ["maskable", "recurrent"])
+def test_contrib_classes_match_their_contrib_class_on_cuda(algo: str) -> None:
+    """The contrib classes on CUDA, lean collection included (masks as device tensors; the LSTM kernel called
+    directly): within TOL of the contrib class after learn()."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+
+    from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
+
+    if algo == "maskable":
+        classes, policy = (MaskablePPO, ScalableMaskablePPO), "MlpPolicy"
+        make = lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10), n_envs=2, seed=0)  # noqa: E731
+    else:
+        classes, policy = (RecurrentPPO, ScalableRecurrentPPO), "MlpLstmPolicy"
+        make = lambda: make_vec_env("CartPole-v1", n_envs=2, seed=0)  # noqa: E731
+    contrib, ours = (train_one(cls, make, 3 * N_STEPS, policy, "cuda", **COMMON) for cls in classes)
+    assert max_param_diff(contrib, ours) <= TOL
+    assert ours._n_updates == contrib._n_updates
