@@ -155,6 +155,8 @@ def test_fused_step_equals_masked_policy_forward(kind: str, rows: int, masked: b
 # ------------------------------------------------------------------------------------------------ recurrent
 RECURRENT = {
     **RECURRENT_CASES,
+    "two_layer_lstm": (lambda: make_vec_env("CartPole-v1", n_envs=2, seed=0), "MlpLstmPolicy",
+                       dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16], n_lstm_layers=2))),
     "multi_input": (lambda: make_vec_env(lambda: SimpleMultiObsEnv(random_start=False), n_envs=2, seed=0),
                     "MultiInputLstmPolicy", dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16]))),
     "time_limit_bootstrap": (lambda: make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=15), n_envs=3,
@@ -207,7 +209,8 @@ def test_rollout_equals_recurrent_ppo_loop(case: str, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize("starts", ["none", "some"])
-@pytest.mark.parametrize("case", ["mlp_critic_lstm", "mlp_no_critic_lstm", "mlp_shared_lstm", "gsde", "cnn_lstm"])
+@pytest.mark.parametrize("case", ["mlp_critic_lstm", "mlp_no_critic_lstm", "mlp_shared_lstm", "gsde", "cnn_lstm",
+                                  "two_layer_lstm"])
 def test_fused_recurrent_step_equals_policy_forward(case: str, starts: str) -> None:
     model, _ = _recurrent_collect(case, lean=True)  # states from two rollouts: not zeros
     policy = model.policy
