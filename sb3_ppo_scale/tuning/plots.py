@@ -76,7 +76,8 @@ def slice_plot(path: Path, title: str, trials: list[FrozenTrial], labels: dict[s
         elif name in log_axes:
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on a range under a decade
-            ax.tick_params(axis="x", labelsize=7)
+            ticks = np.geomspace(xs.min(), xs.max(), 3) if xs.min() < xs.max() else xs[:1]
+            ax.set_xticks(ticks, [f"{t:.1e}" for t in ticks], fontsize=7)  # a range under a decade has no major tick
     axes[0][0].set_ylabel("objective (mean over seeds)")
     axes[0][0].legend(fontsize=6)
     fig.suptitle(title)
