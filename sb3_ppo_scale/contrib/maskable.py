@@ -2,8 +2,8 @@
 
 Identical by default: policies, ``predict`` and save format are MaskablePPO's, and its rollouts are collected by the
 lean loop (:mod:`sb3_ppo_scale.core.lean_collect`: MaskablePPO's ``collect_rollouts`` with the fused, masked policy
-call; the same rollout bit for bit); ``train()`` is the shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in
-its order. What masking adds to that update is supplied here:
+call; the same rollout bit for bit); ``train()`` is the shared update
+(:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in its order. What masking adds to that update is supplied here:
 
 - the rollout's ``action_masks`` are staged with the rest of the rollout (``DeviceRollout.extras``) and gathered into
   sb3-contrib's ``MaskableRolloutBufferSamples``, so they live on ``buffer_device`` (and in CUDA graphs' static

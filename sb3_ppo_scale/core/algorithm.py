@@ -3,9 +3,9 @@
 ``class ScalablePPO(ScalableOnPolicyMixin, PPO)`` and sb3-contrib's ``ScalableMaskablePPO`` /
 ``ScalableRecurrentPPO`` share everything here: the device-resident rollout, the loader, the update step, the
 objectives and the KL-adaptive rate, the non-finite guard, checkpoint state, the data-parallel reducer and the
-collection hooks. The mixin replaces the algorithm's ``train()`` and runs its collection lean where the lean loop
-reproduces it (SB3's and MaskablePPO's loops); the algorithm keeps its policies, ``predict`` and save format. What differs between algorithms is supplied by overriding a few hooks (section
-"algorithm hooks" below):
+collection hooks. The mixin replaces the algorithm's ``train()`` and runs the algorithm's own collection loop lean
+(SB3's, MaskablePPO's, RecurrentPPO's: the same rollout); the algorithm keeps its policies, ``predict`` and save
+format. What differs between algorithms is supplied by overriding a few hooks (section "algorithm hooks" below):
 
 - :meth:`~ScalableOnPolicyMixin._rollout_extras`: per-sample fields beyond PPO's six (action masks; LSTM states and
   episode starts), staged into :class:`~sb3_ppo_scale.core.rollout.DeviceRollout.extras`;
