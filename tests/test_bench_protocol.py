@@ -134,3 +134,15 @@ def test_sb3_pair_drops_execution_only_keys_and_skips_other_plugin_keys(tmp_path
     skipped = bench._try_run("Hopper-v5", "sb3_ppo@kl_lr", 0, 128, 64, 1, 1, str(config), str(tmp_path / "lr.json"))
     assert skipped.startswith("skipped Hopper-v5 sb3_ppo@kl_lr seed 0") and "kl_adaptive" in skipped
     assert not (tmp_path / "lr.json").exists()
+
+
+def test_box_conditions_are_recorded_and_summarised() -> None:
+    box = bench.box_conditions("CartPole-v1", workers=2, steps=50)
+    assert box["cores"] >= 1 and box["workers"] == 2 and box["load_avg_1min"] >= 0 and box["env_step_us"] > 0
+    assert bench.box_conditions("NoSuchEnv-v0", workers=1, steps=5)["env_step_us"] is None
+    runs = [{"task": "T", "box": {"cores": 2, "workers": 2, "load_avg_1min": load, "env_step_us": us}}
+            for load, us in ((2.1, 10.0), (2.4, 30.0))] + [{"task": "T"}]
+    line = bench._box_line(runs)
+    assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us" in line
+    assert "1 older runs did not record it" in line
+    assert "not recorded" in bench._box_line([{"task": "T"}])
