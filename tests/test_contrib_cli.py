@@ -63,6 +63,14 @@ def test_masking_envs_are_registered(env_id: str, dim: int, invalid: int) -> Non
     assert env.num_envs == 4 and masks.shape == (4, dim) and (masks.sum(axis=1) == dim - invalid).all()
 
 
+def test_taxi_entry_masks_from_info() -> None:
+    config = zoo.load_config(None, "Taxi-v4", algo="scalable_maskable_ppo")
+    env = zoo.make_envs(config, seed=0)
+    env.reset()
+    masks = np.array(env.env_method("action_masks"))
+    assert env.num_envs == 4 and masks.shape == (4, 6) and masks.dtype == bool and not masks[:, 4:].all()
+
+
 def test_entry_keys_are_checked_per_algorithm() -> None:
     entry = "CartPoleNoVel-v1@batched"
     with pytest.raises(ValueError, match=f"unknown key 'batched_sequences' in entry '{entry}'"):

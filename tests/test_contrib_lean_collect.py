@@ -32,7 +32,7 @@ from stable_baselines3.common.envs import SimpleMultiObsEnv
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib import maskable, recurrent
 from sb3_ppo_scale.contrib.maskable import _CheckedMaskablePPO
-from sb3_ppo_scale.contrib.masks import mask_blocks
+from sb3_ppo_scale.contrib.masks import InfoActionMasker, mask_blocks
 from sb3_ppo_scale.contrib.recurrent_collect import FusedRecurrentActorCritic, recurrent_lean_blocker
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
 from tests.helpers import LocalsRecorder, assert_identical, assert_same_state
@@ -55,6 +55,7 @@ ENVS = {
     "multidiscrete": lambda: InvalidActionEnvMultiDiscrete(dims=[3, 4, 5], n_invalid_actions=6),
     "multibinary": lambda: InvalidActionEnvMultiBinary(dims=6, n_invalid_actions=3),
     "dict_observation": lambda: DictObservation(InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10)),
+    "taxi": lambda: InfoActionMasker(gym.make("Taxi-v4")),  # a Discrete observation (one-hot), masks from info
 }
 #: what MaskablePPO's loop offers callbacks in ``locals`` and the test compares at every step
 LOCALS = ("actions", "values", "log_probs", "obs_tensor", "action_masks", "new_obs", "rewards", "dones", "infos",

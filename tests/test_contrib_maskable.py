@@ -194,3 +194,22 @@ def test_accumulated_objectives_match_their_big_batch() -> None:
     small = train_one(ScalableMaskablePPO, vec("multidiscrete"), 2 * 128, "MlpPolicy", "cpu", objective="clip_kl_penalty",
                       grad_accum_steps=4, **SMALL)
     assert_params_close(big, small, ACCUMULATION_ATOL)
+
+
+def test_info_action_masker_serves_the_mask_of_the_current_observation() -> None:
+    import gymnasium as gym
+
+    from sb3_ppo_scale.contrib.masks import InfoActionMasker
+
+    env = InfoActionMasker(gym.make("Taxi-v4"))
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.action_masks()
+    obs, info = env.reset(seed=0)
+    assert env.action_masks().dtype == bool and (env.action_masks() == info["action_mask"].astype(bool)).all()
+    taxi = env.unwrapped
+    for _ in range(30):
+        action = int(np.flatnonzero(env.action_masks())[0])
+        obs, *_, info = env.step(action)
+        assert (env.action_masks() == taxi.action_mask(obs).astype(bool)).all()  # Taxi's own mask of this state
+    with pytest.raises(ValueError, match="no 'legal' \\(key\\)"):
+        InfoActionMasker(gym.make("Taxi-v4"), key="legal").reset(seed=0)

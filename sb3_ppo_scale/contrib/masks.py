@@ -5,6 +5,10 @@ sb3-contrib flattens a mask per observation to ``mask_dims`` booleans: ``n`` for
 another size fails deep in a reshape; a row (or sub-action block) with no True entry gives the masked distribution
 nothing to sample from (every logit at -1e8), so the policy silently samples a forbidden action. Both are refused
 here, naming the argument.
+
+Envs that report their valid actions in ``info`` (Gymnasium's Taxi, Cliff-style toy-text envs and many game envs put
+them under ``info["action_mask"]``) get the ``action_masks()`` method MaskablePPO reads from
+:class:`InfoActionMasker`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import gymnasium as gym
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
@@ -74,3 +79,40 @@ class MaskCheckingVecEnv(VecEnvWrapper):
         if method_name == "action_masks":
             check_action_masks(np.stack(result), self._action_space, len(result), "env.action_masks()")
         return result
+
+
+class InfoActionMasker(gym.Wrapper):
+    """Gives an env that reports its valid actions in ``info[key]`` (Gymnasium's ``Taxi-v4``: ``info["action_mask"]``,
+    an int8 array with 1 for each allowed action) the ``action_masks()`` method sb3-contrib's MaskablePPO reads:
+    the mask of the last ``reset`` or ``step``, i.e. for the observation the policy acts on next. Use it as an
+    ``env_wrapper`` in a config: ``env_wrapper: sb3_ppo_scale.contrib.masks.InfoActionMasker``.
+
+    :param env: the env.
+    :param key: the ``info`` key that holds the mask (default ``"action_mask"``).
+    """
+
+    def __init__(self, env: gym.Env, key: str = "action_mask") -> None:
+        super().__init__(env)
+        self._key = key
+        self._mask: np.ndarray | None = None
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._mask = self._read(info)
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._mask = self._read(info)
+        return obs, reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """The allowed actions for the current observation (bool, ``mask_dims`` entries)."""
+        if self._mask is None:
+            raise RuntimeError("InfoActionMasker.action_masks() called before reset()")
+        return self._mask
+
+    def _read(self, info: dict[str, Any]) -> np.ndarray:
+        if self._key not in info:
+            raise ValueError(f"InfoActionMasker: the env's info has no {self._key!r} (key); its keys: {sorted(info)}")
+        return np.asarray(info[self._key], dtype=bool)
