@@ -2,8 +2,9 @@
 
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.contrib import ScalableMaskablePPO, ScalableRecurrentPPO
-from sb3_ppo_scale.buffers.prioritized import PrioritizedRolloutBuffer
+from sb3_ppo_scale.buffers.prioritized import MaskablePrioritizedRolloutBuffer, PrioritizedRolloutBuffer
 from sb3_ppo_scale.core.sampling import MinibatchLoader
 
-__all__ = ["ScalablePPO", "ScalableMaskablePPO", "ScalableRecurrentPPO", "MinibatchLoader", "PrioritizedRolloutBuffer"]
+__all__ = ["ScalablePPO", "ScalableMaskablePPO", "ScalableRecurrentPPO", "MinibatchLoader", "PrioritizedRolloutBuffer",
+           "MaskablePrioritizedRolloutBuffer"]
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMu
 from sb3_contrib.common.maskable.distributions import make_masked_proba_distribution
 from stable_baselines3.common.env_util import make_vec_env
 
-from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalableMaskablePPO
+from sb3_ppo_scale import MaskablePrioritizedRolloutBuffer, PrioritizedRolloutBuffer, ScalableMaskablePPO
 from sb3_ppo_scale.core.evaluation import evaluate_actions
 from sb3_ppo_scale.core.kl import analytic_kl, distribution_params
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, assert_params_close, max_param_diff, train_one
@@ -179,7 +179,8 @@ def test_use_masking_false_is_maskable_ppo_without_masks() -> None:
 
 @pytest.mark.parametrize(("kwargs", "pattern"), [
     (dict(overlap_collection=True), r"overlap_collection=True is not supported by ScalableMaskablePPO"),
-    (dict(rollout_buffer_class=PrioritizedRolloutBuffer), r"rollout_buffer_class must store action masks"),
+    (dict(rollout_buffer_class=PrioritizedRolloutBuffer), r"rollout_buffer_class must store action masks.*"
+                                                           r"MaskablePrioritizedRolloutBuffer"),
     (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),
     (dict(grad_accum_steps=0), r"grad_accum_steps must be an int >= 1"),
 ])
@@ -213,3 +214,39 @@ def test_info_action_masker_serves_the_mask_of_the_current_observation() -> None
         assert (env.action_masks() == taxi.action_mask(obs).astype(bool)).all()  # Taxi's own mask of this state
     with pytest.raises(ValueError, match="no 'legal' \\(key\\)"):
         InfoActionMasker(gym.make("Taxi-v4"), key="legal").reset(seed=0)
+
+
+# ------------------------------------------------------------------------------------------------ prioritized buffer
+def _prioritized(kind: str, steps: int, **buffer_kwargs) -> ScalableMaskablePPO:
+    return train_one(ScalableMaskablePPO, vec(kind), steps, "MlpPolicy", "cpu", **SMALL,
+                     rollout_buffer_class=MaskablePrioritizedRolloutBuffer, rollout_buffer_kwargs=buffer_kwargs)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "multidiscrete"])
+def test_prioritized_buffer_with_high_fraction_zero_is_maskable_ppo(kind: str) -> None:
+    contrib, _ = pair(kind, 2 * 128)
+    assert_identical(contrib, _prioritized(kind, 2 * 128, high_fraction=0.0))
+
+
+def test_prioritized_accumulation_with_weights_equals_the_big_batch() -> None:
+    kwargs = dict(priority="abs_advantage", high_fraction=0.7)
+    big = _prioritized("discrete", 2 * 128, **kwargs)
+    small = train_one(ScalableMaskablePPO, vec("discrete"), 2 * 128, "MlpPolicy", "cpu", **SMALL, grad_accum_steps=4,
+                      rollout_buffer_class=MaskablePrioritizedRolloutBuffer, rollout_buffer_kwargs=kwargs)
+    assert_params_close(big, small, ACCUMULATION_ATOL)
+    assert max_param_diff(big, pair("discrete", 2 * 128)[0]) > 1e-4  # the prioritized order really differs
+
+
+def test_retained_samples_keep_the_mask_they_were_collected_with() -> None:
+    model = _prioritized("discrete", 4 * 128, priority="reward", capacity=3 * 128)
+    buffer = model.rollout_buffer
+    assert buffer.n_retained > 0
+    pool = buffer.prepare_rollout(model._stage_rollout())  # the last rollout again, on top of the retained ones
+    masks, actions = pool.extras["action_masks"].bool(), pool.actions.long().reshape(-1)
+    assert masks.shape == (len(pool), 20) and len(pool) == 3 * 128
+    assert masks[th.arange(len(pool)), actions].all()  # each (retained) action is allowed by its own mask
+    assert (masks.sum(dim=1) == 10).all()
+    restored = MaskablePrioritizedRolloutBuffer(64, buffer.observation_space, buffer.action_space, "cpu", n_envs=2,
+                                                capacity=3 * 128)
+    restored.load_state_dict(buffer.state_dict())
+    assert "extra:action_masks" in buffer.state_dict()["rows"]

@@ -38,6 +38,11 @@ with ``torch.save``/``torch.load``.
 
 This buffer only works with :class:`~sb3_ppo_scale.ScalablePPO`, which asks it for the rollout, the weights and
 the epoch order; SB3's own ``PPO.train()`` would sample uniformly, so :meth:`get` raises.
+
+Action masks. :class:`MaskablePrioritizedRolloutBuffer` is the same buffer for
+:class:`~sb3_ppo_scale.ScalableMaskablePPO`: it stores each step's action mask as sb3-contrib's
+``MaskableRolloutBuffer`` does, and a sample's mask travels with it (into the pool, through eviction and
+``state_dict``), so a retained sample is trained on under the mask it was collected with.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from stable_baselines3.common.buffers import RolloutBuffer
 
 from sb3_ppo_scale.core.rollout import DeviceRollout
@@ -60,6 +66,8 @@ PRIORITIES = ("reward", "return", "advantage", "abs_advantage")
 _OBS_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _ACTION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 _FIELDS = DeviceRollout.SAMPLE_FIELDS
+#: prefix of an algorithm's per-sample extras (action masks) in the pool, apart from the sample fields
+_EXTRA = "extra:"
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -295,6 +303,7 @@ class PrioritizedRolloutBuffer(RolloutBuffer):
     def prepare_rollout(self, rollout: DeviceRollout) -> DeviceRollout:
         """Add retained samples and importance weights to the staged current rollout; set up this update's sampler."""
         current = {name: getattr(rollout, name) for name in _FIELDS}
+        current.update({_EXTRA + name: value for name, value in rollout.extras.items()})
         current["priority"] = self._priorities(rollout)
         if self.pool is not None:
             pool = self.pool.merge(current)
@@ -310,7 +319,8 @@ class PrioritizedRolloutBuffer(RolloutBuffer):
             "train/retained_fraction": n_retained / size,
             "train/high_set_fraction": self.sampler.n_high / size,
         }
-        return dataclasses.replace(rollout, **{name: pool[name] for name in _FIELDS}, weights=weights)
+        extras = {name.removeprefix(_EXTRA): value for name, value in pool.items() if name.startswith(_EXTRA)}
+        return dataclasses.replace(rollout, **{name: pool[name] for name in _FIELDS}, extras=extras, weights=weights)
 
     def epoch_order(self, n: int) -> th.Tensor:
         """The order for one epoch over the prepared pool (``n`` = pool size)."""
@@ -353,4 +363,10 @@ class PrioritizedRolloutBuffer(RolloutBuffer):
         return rollout.advantages.detach().float().abs()
 
 
-__all__ = ["PrioritizedRolloutBuffer", "PrioritySampler", "RetainedPool", "top_k_indices", "PRIORITIES"]
+class MaskablePrioritizedRolloutBuffer(PrioritizedRolloutBuffer, MaskableRolloutBuffer):
+    """:class:`PrioritizedRolloutBuffer` that also stores action masks (as sb3-contrib's ``MaskableRolloutBuffer``),
+    for :class:`~sb3_ppo_scale.ScalableMaskablePPO`; same arguments. Each sample keeps its mask in the pool.
+    Dict observations are not supported (as for :class:`PrioritizedRolloutBuffer`)."""
+
+
+__all__ = ["PrioritizedRolloutBuffer", "MaskablePrioritizedRolloutBuffer", "PrioritySampler", "RetainedPool", "top_k_indices", "PRIORITIES"]

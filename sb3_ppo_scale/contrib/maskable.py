@@ -76,7 +76,7 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
     ``objective``, ``kl_coef`` ..., ``learning_rate="kl_adaptive"``, ``cuda_graphs``, ``compile_loss``,
     ``nonfinite``, ``collect_device``), documented on :class:`~sb3_ppo_scale.ScalablePPO`. Not supported, with a
     clear error: ``overlap_collection`` (the EnvPool collector does not read masks) and a rollout buffer without
-    masks (e.g. the prioritized buffer).
+    masks (the prioritized buffer with masks is :class:`~sb3_ppo_scale.MaskablePrioritizedRolloutBuffer`).
 
     ``learn(..., use_masking=False)`` and ``predict(..., action_masks=...)`` behave as MaskablePPO's; masks of the
     wrong size, or with a row that allows no action, raise ValueError naming the argument.
@@ -89,7 +89,8 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
         buffer_class = self.rollout_buffer_class
         if buffer_class is not None and not issubclass(buffer_class, _MASK_BUFFERS):
             raise ValueError(f"rollout_buffer_class must store action masks (a subclass of MaskableRolloutBuffer or "
-                             f"MaskableDictRolloutBuffer) for ScalableMaskablePPO, got {buffer_class.__name__}")
+                             f"MaskableDictRolloutBuffer) for ScalableMaskablePPO, got {buffer_class.__name__}; the "
+                             f"prioritized buffer with masks is sb3_ppo_scale.MaskablePrioritizedRolloutBuffer")
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_use_masking"]
