@@ -68,14 +68,15 @@ def _novel_env(env_id: str, n_envs: int) -> Callable[[], Any]:
     return make
 
 
-def _recurrent(sequence_length: int) -> dict[str, tuple[type, dict[str, Any]]]:
+def _recurrent(sequence_lengths: tuple[int, ...]) -> dict[str, tuple[type, dict[str, Any]]]:
     """RecurrentPPO, ScalableRecurrentPPO (default, batched) and the batched class with exact-size minibatches of
-    ``sequence_length``-step chunks (opt-in, not RecurrentPPO's sampling)."""
-    return {"RecurrentPPO": (RecurrentPPO, {}), "ScalableRecurrentPPO": (ScalableRecurrentPPO, {}),
-            "ScalableRecurrentPPO(batched_sequences=True)": (ScalableRecurrentPPO, {"batched_sequences": True}),
-            f"ScalableRecurrentPPO(batched_sequences=True, sequence_length={sequence_length})":
-                (ScalableRecurrentPPO, {"batched_sequences": True, "sequence_length": sequence_length})}
-
+    ``L``-step chunks for each ``L`` in ``sequence_lengths`` (opt-in, not RecurrentPPO's sampling)."""
+    classes = {"RecurrentPPO": (RecurrentPPO, {}), "ScalableRecurrentPPO": (ScalableRecurrentPPO, {}),
+               "ScalableRecurrentPPO(batched_sequences=True)": (ScalableRecurrentPPO, {"batched_sequences": True})}
+    for length in sequence_lengths:
+        classes[f"ScalableRecurrentPPO(batched_sequences=True, sequence_length={length})"] = (
+            ScalableRecurrentPPO, {"batched_sequences": True, "sequence_length": length})
+    return classes
 
 
 CASES = {
@@ -85,13 +86,13 @@ CASES = {
         dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
              learning_rate=get_linear_fn(1e-3, 0.0, 1.0), clip_range=get_linear_fn(0.2, 0.0, 1.0),
              policy_kwargs=_zoo_lstm_kwargs()),
-        "MlpLstmPolicy", _recurrent(32)),
+        "MlpLstmPolicy", _recurrent((8, 32))),
     "pendulum_novel": Case(  # rl_zoo3 ppo_lstm.yml PendulumNoVel-v1
         "PendulumNoVel-v1 (zoo ppo_lstm: 4 envs x 1024 steps, batch 128, 10 epochs, gSDE, LSTM 64)",
         _novel_env("PendulumNoVel-v1", 4),
         dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
              clip_range=0.2, use_sde=True, sde_sample_freq=4, policy_kwargs=_zoo_lstm_kwargs()),
-        "MlpLstmPolicy", _recurrent(32)),
+        "MlpLstmPolicy", _recurrent((8, 32))),
     "masking": Case(  # contrib's documented masking test env, at MaskablePPO's defaults but a shorter rollout
         "InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60) (MaskablePPO defaults, 4 envs x 512 steps)",
         lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60), n_envs=4, seed=0),
@@ -136,13 +137,15 @@ def run_case(case: Case, repeats: int) -> list[tuple[str, float, list[float]]]:
     return rows
 
 
-def report(results: dict[str, list[tuple[str, float, list[float]]]], repeats: int) -> str:
+def report(results: dict[str, list[tuple[str, float, list[float]]]], repeats: int, load: float) -> str:
+    """The markdown table; ``load``: the box's 1-minute load average when the run started (about 0: a quiet box)."""
     lines = [
         "# train() samples/s: Scalable contrib classes against sb3-contrib's (CPU, one thread)",
         "",
         f"{datetime.date.today()}, {machine_line('cpu')}; `OMP_NUM_THREADS=1 python benchmarks/contrib_train.py "
         f"--repeats {repeats}`. Median of {repeats} interleaved train() calls per class after one untimed warm-up, each "
-        "on a fresh copy of the same collected rollout; samples/s = n_epochs * n_steps * n_envs / seconds.",
+        "on a fresh copy of the same collected rollout; samples/s = n_epochs * n_steps * n_envs / seconds. "
+        f"1-minute load average when it started: {load:.2f}.",
         "",
         "| case | class | train() samples/s (median) | x contrib | all runs |",
         "|---|---|---:|---:|---|",
@@ -168,13 +171,14 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("OMP_NUM_THREADS") != "1":
         print("note: run with OMP_NUM_THREADS=1 for the documented one-thread figures", file=sys.stderr)
     th.set_num_threads(1)
+    load = os.getloadavg()[0]
     results = {}
     for name in cases:
         results[name] = run_case(CASES[name], args.repeats)
         for label, rate, _ in results[name]:
             print(f"{name:16s} {label:45s} {rate:10,.0f} samples/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    text = report(results, args.repeats)
+    text = report(results, args.repeats, load)
     (args.out / "train_cpu.md").write_text(text)
     print(text)
 
