@@ -1,7 +1,7 @@
 """train() throughput of the Scalable contrib classes against sb3-contrib's, at the same config.
 
-For each case (rl_zoo3's ppo_lstm entries for CartPoleNoVel-v1 and PendulumNoVel-v1, with VecNormalize as the zoo;
-a masking env for MaskablePPO), every model is built with the same seed and collects one rollout with its own
+For each case (rl_zoo3's ppo_lstm entries for CartPoleNoVel-v1 and PendulumNoVel-v1, with VecNormalize as the zoo,
+and its Atari entry on Pong; a masking env for MaskablePPO), every model is built with the same seed and collects one rollout with its own
 ``collect_rollouts`` (the Scalable classes collect exactly as contrib's do). Then each model's ``train()`` is timed
 ``--repeats`` times, interleaved (contrib, ours, ours batched, contrib, ...), each call on a fresh copy of the
 collected rollout (restored outside the timing: contrib's buffer flattens itself in place on first use), after one
@@ -9,7 +9,7 @@ untimed warm-up call each. Samples/s = ``n_epochs * n_steps * n_envs / seconds``
 medians and each class's ratio to the contrib class's median. One torch thread (``OMP_NUM_THREADS=1``,
 ``torch.set_num_threads(1)``).
 
-    OMP_NUM_THREADS=1 python benchmarks/contrib_train.py [--repeats 5] [--cases cartpole_novel,pendulum_novel,masking]
+    OMP_NUM_THREADS=1 python benchmarks/contrib_train.py [--repeats 5] [--cases cartpole_novel,pendulum_novel,atari_cnnlstm,masking]
 
 Writes ``benchmarks/results/contrib/train_cpu.md`` (``--out`` to change the folder).
 """
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch as th
-from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import get_linear_fn
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine_line  # noqa: E402
@@ -68,6 +68,18 @@ def _novel_env(env_id: str, n_envs: int) -> Callable[[], Any]:
     return make
 
 
+def _atari_env(env_id: str, n_envs: int) -> Callable[[], Any]:
+    def make() -> Any:
+        import ale_py
+        import gymnasium as gym
+
+        gym.register_envs(ale_py)
+        return VecFrameStack(make_atari_env(env_id, n_envs=n_envs, seed=0,
+                                            wrapper_kwargs=dict(terminal_on_life_loss=False)), n_stack=4)
+
+    return make
+
+
 def _recurrent(sequence_lengths: tuple[int, ...]) -> dict[str, tuple[type, dict[str, Any]]]:
     """RecurrentPPO, ScalableRecurrentPPO (default, batched) and the batched class with exact-size minibatches of
     ``L``-step chunks for each ``L`` in ``sequence_lengths`` (opt-in, not RecurrentPPO's sampling)."""
@@ -93,6 +105,13 @@ CASES = {
         dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
              clip_range=0.2, use_sde=True, sde_sample_freq=4, policy_kwargs=_zoo_lstm_kwargs()),
         "MlpLstmPolicy", _recurrent((8, 32))),
+    "atari_cnnlstm": Case(  # rl_zoo3 ppo_lstm.yml atari entry, on Pong
+        "PongNoFrameskip-v4 (zoo ppo_lstm atari: 8 envs x 128 steps, batch 256, 4 epochs, CnnLstm, LSTM 128)",
+        _atari_env("PongNoFrameskip-v4", 8),
+        dict(n_steps=128, n_epochs=4, batch_size=256, learning_rate=get_linear_fn(2.5e-4, 0.0, 1.0),
+             clip_range=get_linear_fn(0.1, 0.0, 1.0), vf_coef=0.5, ent_coef=0.01,
+             policy_kwargs=dict(enable_critic_lstm=False, lstm_hidden_size=128)),
+        "CnnLstmPolicy", _recurrent((8, 32))),
     "masking": Case(  # contrib's documented masking test env, at MaskablePPO's defaults but a shorter rollout
         "InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60) (MaskablePPO defaults, 4 envs x 512 steps)",
         lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=80, n_invalid_actions=60), n_envs=4, seed=0),
