@@ -183,9 +183,9 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
     from sb3_ppo_scale.experiments import zoo
 
     th.set_num_threads(1)
-    box = box_conditions(task, workers)
     algo, variant = parse_label(label)
     config, dropped = _config_for(zoo.load_config(config_path, task, variant, algo=family(algo).name), algo)
+    box = box_conditions(task, workers)  # after the config, which registers the task's env (NoVel, masking, ALE)
     module, _, name = ALGO_CLASSES[algo].rpartition(".")
     env = zoo.make_envs(config, seed=seed)
     eval_config = dataclasses.replace(config, env_wrappers=[*config.env_wrappers, (ForwardDistance, {})])
@@ -214,8 +214,8 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
 def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]:
     """What the box was doing when a run started: its cores, the runs at once (``workers``), the 1-minute load
     average, and the task's raw env step cost (``gym.make(task)``, one env, random actions, mean over ``steps``
-    steps, in microseconds; None where the env cannot be made without the config's wrappers), so absolute times
-    from different boxes can be compared."""
+    steps, in microseconds; None where Gymnasium does not know ``task``), so absolute times from different boxes
+    can be compared."""
     import os
 
     try:
