@@ -146,3 +146,8 @@ def test_box_conditions_are_recorded_and_summarised() -> None:
     assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us" in line
     assert "1 older runs did not record it" in line
     assert "not recorded" in bench._box_line([{"task": "T"}])
+
+
+def test_final_returns_are_compared_without_a_misleading_ratio_when_negative() -> None:
+    assert bench._final_return_against(-182.0, -255.0, "recurrent_ppo") == "final return -182 against recurrent_ppo's -255"
+    assert bench._final_return_against(8.0, 8.0, "maskable_ppo") == "final return 8 against maskable_ppo's 8 (1.00x)"

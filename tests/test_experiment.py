@@ -163,7 +163,7 @@ def test_bench_statistics_and_report(tmp_path: Path, capsys: pytest.CaptureFixtu
                 "steps_per_s": 20 / timed[-1]["train_s"], "curve": timed}))
     out = _run(["bench", "--tasks", "T", "--out", str(tmp_path), "--report-only"], capsys)
     assert ("T, scalable_ppo: time to threshold 2.00x, training time 2.00x, CPU time 2.00x, steps/s 2.00x, "
-            "final return 1.00x of SB3's") in out
+            "final return 100 against sb3_ppo's 100 (1.00x)") in out
     assert (tmp_path / "learning_summary.md").is_file() and (tmp_path / "learning_T.png").stat().st_size > 1000
 
 

@@ -421,11 +421,19 @@ def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(
                 f"- {task}, {algo}: time to threshold {reached}, "
                 f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
-                f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, final return "
-                f"{data['algos'][algo]['final_return'][0] / data['algos'][baseline]['final_return'][0]:.2f}x of SB3's"
+                f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, "
+                + _final_return_against(data['algos'][algo]['final_return'][0],
+                                        data['algos'][baseline]['final_return'][0], baseline)
                 + _at_baseline_budget(data, algo)
             )
     return lines
+
+
+def _final_return_against(ours: float, theirs: float, baseline: str) -> str:
+    """Mean final returns side by side; their ratio only when both are positive (for negative returns, e.g.
+    Pendulum's, a ratio below 1 would mean *better*)."""
+    ratio = f" ({ours / theirs:.2f}x)" if ours >= 0 and theirs > 0 else ""
+    return f"final return {ours:.4g} against {baseline}'s {theirs:.4g}{ratio}"
 
 
 def _at_baseline_budget(data: dict[str, Any], algo: str) -> str:
