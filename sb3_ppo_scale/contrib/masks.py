@@ -6,7 +6,7 @@ another size fails deep in a reshape; a row (or sub-action block) with no True e
 nothing to sample from (every logit at -1e8), so the policy silently samples a forbidden action. Both are refused
 here, naming the argument.
 
-Envs that report their valid actions in ``info`` (Gymnasium's Taxi, Cliff-style toy-text envs and many game envs put
+Envs that report their valid actions in ``info`` (Gymnasium's Taxi and many game envs put
 them under ``info["action_mask"]``) get the ``action_masks()`` method MaskablePPO reads from
 :class:`InfoActionMasker`.
 """
