@@ -173,3 +173,33 @@ def test_best_trials_and_csv_show_the_last_evaluation() -> None:
     rows = trials_csv(Result()).splitlines()  # type: ignore[arg-type]
     assert rows[0].split(",")[7] == "last_eval_return"
     assert rows[1].split(",")[7] == "2500" and rows[2].split(",")[7] == ""
+
+
+def test_a_study_whose_best_trials_stand_still_is_flagged_plateau() -> None:
+    """Hopper-v5 pays ~1000 for standing still: when the best trials end below the learning benchmark's floor (1500)
+    the study is flagged, so its verdicts are not read as a study of policies that hop."""
+    from sb3_ppo_scale.tuning.report import flags, plateau
+
+    dist = {"clip_range": optuna.distributions.FloatDistribution(0.1, 0.3)}
+
+    def study(last_returns: list[float], env_id: str = "Hopper-v5") -> Any:
+        trials = []
+        for number, last in enumerate(last_returns):
+            trial = optuna.trial.create_trial(params={"clip_range": 0.2}, distributions=dist, value=last / 2,
+                                              user_attrs={"eval_returns": [[10.0, last], [20.0, last]]})
+            trial.number = number
+            trials.append(trial)
+
+        class Result:
+            pass
+
+        result = Result()
+        result.trials, result.n_trials, result.env_id = trials, len(trials), env_id
+        result.unfinished, result.stability = None, {}
+        return result
+
+    standing = study([1000.0 + k for k in range(20)])  # best 2 trials end at 1019 and 1018
+    assert plateau(standing) == "the best 2 trials end at a median last evaluation of 1018, below Hopper-v5's plateau floor 1500"
+    assert plateau(study([1000.0] * 18 + [1900.0, 2100.0])) is None  # the best trials hop
+    assert plateau(study([1000.0] * 20, env_id="HalfCheetah-v5")) is None  # no known plateau floor
+    assert any(flag.startswith("plateau (") for flag in flags(standing))

@@ -259,13 +259,30 @@ def too_small(result: StudyResult) -> str | None:
     return None
 
 
+def plateau(result: StudyResult) -> str | None:
+    """Why the best trials have not learned the task, or None: for an env with a known plateau (the learning
+    benchmark's floors, ``THRESHOLD_FLOORS``: Hopper-v5 1500, above what standing still earns), when the median
+    last evaluation (mean over seeds) of the best 10% of sampled trials is below the floor. None for other envs or
+    without stored curves."""
+    from sb3_ppo_scale.experiments.bench import THRESHOLD_FLOORS
+
+    floor = THRESHOLD_FLOORS.get(result.env_id)
+    lasts = [curve[1] for t in _best(result) if (curve := learning_check([t])) is not None]
+    if floor is None or not lasts or statistics.median(lasts) >= floor:
+        return None
+    return (f"the best {len(lasts)} trials end at a median last evaluation of {statistics.median(lasts):.0f}, below "
+            f"{result.env_id}'s plateau floor {floor:g}")
+
+
 def flags(result: StudyResult) -> list[str]:
-    """The caveats of a study: unfinished, too small (each with its reason)."""
+    """The caveats of a study: unfinished, too small, a plateau (each with its reason)."""
     out = []
     if result.unfinished:
         out.append(f"unfinished ({result.unfinished})")
     if (reason := too_small(result)) is not None:
         out.append(f"small study ({reason})")
+    if (reason := plateau(result)) is not None:
+        out.append(f"plateau ({reason})")
     return out
 
 
@@ -432,7 +449,7 @@ def _stability_text(result: StudyResult, ev: str) -> str:
 def best_trials(result: StudyResult) -> list[str]:
     """The best 10% of sampled trials with their per-seed spread and their last evaluation's return (whether the best
     policies learned the task by the end of the budget; all trials: trials_<label>.csv)."""
-    best = sorted(result.trials, key=lambda t: (-float(t.value), t.number))[: max(1, math.ceil(TOP_FRACTION * result.n_trials))]  # type: ignore[arg-type]
+    best = _best(result)
     header = ["trial", "objective (seed mean)", "seed std", "seed min", "seed max", "last evaluation (seed mean)"] + [
         result.arguments[p] for p in result.real_params]
     lines = [f"Best {len(best)} sampled trials (per-seed spread; every trial: [trials_{_slug(result.label)}.csv]"
@@ -445,6 +462,12 @@ def best_trials(result: StudyResult) -> list[str]:
         cells += [_fmt(p, float(t.params[p])) for p in result.real_params]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def _best(result: StudyResult) -> list[optuna.trial.FrozenTrial]:
+    """The best ceil(10%) of the sampled trials, best first (ties: lower trial number first)."""
+    n_best = max(1, math.ceil(TOP_FRACTION * result.n_trials))
+    return sorted(result.trials, key=lambda t: (-float(t.value), t.number))[:n_best]  # type: ignore[arg-type]
 
 
 def trials_csv(result: StudyResult) -> str:
