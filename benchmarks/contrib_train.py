@@ -11,7 +11,8 @@ medians and each class's ratio to the contrib class's median. One torch thread (
 
     OMP_NUM_THREADS=1 python benchmarks/contrib_train.py [--repeats 5] [--cases cartpole_novel,pendulum_novel,atari_cnnlstm,masking]
 
-Writes ``benchmarks/results/contrib/train_cpu.md`` (``--out`` to change the folder).
+Writes ``benchmarks/results/contrib/train_cpu.md`` (``--out`` to change the folder); ``--device cuda`` times the
+models on the GPU (``train_cuda.md``; the envs stay on the CPU).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine_line  # noqa: E402
+from benchmarks.common import machine_line, sync  # noqa: E402
 from sb3_contrib import MaskablePPO, RecurrentPPO  # noqa: E402
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete  # noqa: E402
 
@@ -120,9 +121,9 @@ CASES = {
 }
 
 
-def collected(cls: type, case: Case, extra: dict[str, Any]) -> tuple[Any, Any]:
+def collected(cls: type, case: Case, extra: dict[str, Any], device: str) -> tuple[Any, Any]:
     """A model of ``cls`` with one collected rollout, and a pristine copy of its rollout buffer."""
-    model = cls(case.policy, case.make_env(), seed=0, device="cpu", **case.model_kwargs, **extra)
+    model = cls(case.policy, case.make_env(), seed=0, device=device, **case.model_kwargs, **extra)
     model.set_logger(configure(None, []))
     total, callback = model._setup_learn(model.n_steps * model.n_envs, None)
     callback.on_training_start(locals(), globals())
@@ -132,16 +133,19 @@ def collected(cls: type, case: Case, extra: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def timed_train(model: Any, pristine: Any) -> float:
-    """Seconds of one ``train()`` on a fresh copy of the collected rollout (copied outside the timing)."""
+    """Seconds of one ``train()`` on a fresh copy of the collected rollout (copied outside the timing; on CUDA the
+    device is synchronised before the clock stops)."""
     model.rollout_buffer = copy.deepcopy(pristine)
+    sync(str(model.device))
     start = time.perf_counter()
     model.train()
+    sync(str(model.device))
     return time.perf_counter() - start
 
 
-def run_case(case: Case, repeats: int) -> list[tuple[str, float, list[float]]]:
+def run_case(case: Case, repeats: int, device: str = "cpu") -> list[tuple[str, float, list[float]]]:
     """``(label, median samples/s, all samples/s)`` per class, timed interleaved."""
-    models = {label: collected(cls, case, extra) for label, (cls, extra) in case.classes.items()}
+    models = {label: collected(cls, case, extra, device) for label, (cls, extra) in case.classes.items()}
     for model, pristine in models.values():
         timed_train(model, pristine)  # warm-up, untimed
     seconds: dict[str, list[float]] = {label: [] for label in models}
@@ -156,15 +160,16 @@ def run_case(case: Case, repeats: int) -> list[tuple[str, float, list[float]]]:
     return rows
 
 
-def report(results: dict[str, list[tuple[str, float, list[float]]]], repeats: int, load: float) -> str:
+def report(results: dict[str, list[tuple[str, float, list[float]]]], repeats: int, load: float,
+           device: str = "cpu") -> str:
     """The markdown table; ``load``: the box's 1-minute load average when the run started (about 0: a quiet box)."""
     lines = [
-        "# train() samples/s: Scalable contrib classes against sb3-contrib's (CPU, one thread)",
+        f"# train() samples/s: Scalable contrib classes against sb3-contrib's ({device}, one CPU thread)",
         "",
-        f"{datetime.date.today()}, {machine_line('cpu')}; `OMP_NUM_THREADS=1 python benchmarks/contrib_train.py "
-        f"--repeats {repeats}`. Median of {repeats} interleaved train() calls per class after one untimed warm-up, each "
-        "on a fresh copy of the same collected rollout; samples/s = n_epochs * n_steps * n_envs / seconds. "
-        f"1-minute load average when it started: {load:.2f}.",
+        f"{datetime.date.today()}, {machine_line(device)}; `OMP_NUM_THREADS=1 python benchmarks/contrib_train.py "
+        f"--repeats {repeats}{'' if device == 'cpu' else f' --device {device}'}`. Median of {repeats} interleaved "
+        "train() calls per class after one untimed warm-up, each on a fresh copy of the same collected rollout; "
+        f"samples/s = n_epochs * n_steps * n_envs / seconds. 1-minute load average when it started: {load:.2f}.",
         "",
         "| case | class | train() samples/s (median) | x contrib | all runs |",
         "|---|---|---:|---:|---|",
@@ -181,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--device", default="cpu", help="torch device of the models (default cpu)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "contrib")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
@@ -193,12 +199,12 @@ def main(argv: list[str] | None = None) -> None:
     load = os.getloadavg()[0]
     results = {}
     for name in cases:
-        results[name] = run_case(CASES[name], args.repeats)
+        results[name] = run_case(CASES[name], args.repeats, args.device)
         for label, rate, _ in results[name]:
             print(f"{name:16s} {label:45s} {rate:10,.0f} samples/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    text = report(results, args.repeats, load)
-    (args.out / "train_cpu.md").write_text(text)
+    text = report(results, args.repeats, load, args.device)
+    (args.out / f"train_{args.device.split(':')[0]}.md").write_text(text)
     print(text)
 
 

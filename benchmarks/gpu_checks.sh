@@ -6,7 +6,10 @@
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
 #   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/profile_train.py);
 #   5. with COMPILE=1, both train_phase runs also time ScalablePPO(compile_loss=True) (inductor: Triton on CUDA, a
-#      C++ compiler on the CPU; off by default so a box without one still gives the other figures).
+#      C++ compiler on the CPU; off by default so a box without one still gives the other figures);
+#   6. with CONTRIB=1, benchmarks/contrib_train.py --device cuda: the contrib classes' train() against sb3-contrib's
+#      on the GPU, cases $CONTRIB_CASES (default masking,cartpole_novel,pendulum_novel; the NoVel envs need rl_zoo3:
+#      pass rl_zoo3==2.9.2 to ../shared/device/wheels.sh; atari_cnnlstm needs ale-py), written as contrib/train_cuda.md.
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
 # Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
@@ -35,4 +38,9 @@ fi
 if [ -n "${CPU_BENCH:-}" ]; then
   timeout "${CPU_BENCH_TIMEOUT:-240}" "$PY" benchmarks/train_phase.py --device cpu "$COMPILE_FLAG" --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
     | grep -v USDT | tee "$OUT/train_phase_cpu.log"
+fi
+if [ -n "${CONTRIB:-}" ]; then
+  OMP_NUM_THREADS=1 timeout "${CONTRIB_TIMEOUT:-240}" "$PY" benchmarks/contrib_train.py --device cuda --repeats "${REPEATS:-3}" \
+    --cases "${CONTRIB_CASES:-masking,cartpole_novel,pendulum_novel}" --out "$OUT/contrib" 2>&1 | grep -v USDT \
+    | tee "$OUT/contrib_train_cuda.log" | tail -20
 fi
