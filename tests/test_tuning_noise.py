@@ -12,9 +12,12 @@ import pytest
 from optuna.trial import TrialState
 
 from sb3_ppo_scale.tuning import load_spec, spec_from_dict
-from sb3_ppo_scale.tuning.advice import batch_line, epsilon_line, lambda_lines, trend
-from sb3_ppo_scale.tuning.noise import NOISE_ATTR, NoiseEstimate, enqueue_noise_repeats, inherit_noise_mark, seed_spread
-from sb3_ppo_scale.tuning.objective import decode_params, trial_seeds
+from sb3_ppo_scale.tuning.advice import batch_line, decay_line, epsilon_line, lambda_lines, seed_pairs, trend
+from sb3_ppo_scale.tuning.noise import (
+    DECAY_ATTR, NOISE_ATTR, NoiseEstimate, enqueue_repeats, inherit_repeat_mark, is_repeat_trial, repeat_index,
+    seed_spread,
+)
+from sb3_ppo_scale.tuning.objective import decode_params, trial_config, trial_seeds
 from sb3_ppo_scale.tuning.spec import centre_values
 from sb3_ppo_scale.tuning.storage import requeue
 
@@ -47,6 +50,13 @@ def raw_spec(**overrides: Any) -> dict[str, Any]:
         ({"space": {"noise": {"type": "dummy", "low": 1, "high": 1}}}, r"spec.space.noise: low must be < high"),
         ({"space": {"noise": {"type": "dummy", "log": True}}}, r"spec.space.noise: unknown key\(s\) \['log'\]"),
         ({"space": {"noise": {"type": "dummy"}}}, "besides its dummy parameter"),
+        ({"decay_repeats": 3}, r"spec.decay_repeats must be an int from 0 to spec.noise_repeats \(2\): decay repeat k is "
+                               r"paired with noise repeat k, got 3"),
+        ({"decay_repeats": -1}, r"spec.decay_repeats must be an int >= 0, got -1"),
+        ({"decay_repeats": 1, "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3}, "dummy": {"type": "dummy"}}},
+         r"spec.decay_repeats needs learning_rate in spec.space as a float with schedule constant .*got nothing"),
+        ({"decay_repeats": 1, "space": {"learning_rate": {"type": "float", "low": 1e-4, "high": 4e-4, "schedule": "linear"},
+                                        "dummy": {"type": "dummy"}}}, r"got type float, schedule linear"),
     ],
 )
 def test_bad_noise_keys_are_value_errors(change: dict[str, Any], message: str) -> None:
@@ -68,8 +78,8 @@ def test_centre_seeds_and_decoding() -> None:
 def test_noise_repeats_are_enqueued_once_and_a_requeued_repeat_stays_one() -> None:
     spec = spec_from_dict(raw_spec())
     study = optuna.create_study(direction="maximize")
-    assert enqueue_noise_repeats(study, spec) == [0, 1]
-    assert enqueue_noise_repeats(study, spec) == []  # resumed: both are waiting
+    assert enqueue_repeats(study, spec) == {NOISE_ATTR: [0, 1]}
+    assert enqueue_repeats(study, spec) == {}  # resumed: both are waiting
     first = study.ask()
     assert first.user_attrs[NOISE_ATTR] == 0 and first.params == {} and first.study is not None
     value = first.suggest_float("clip_range", 0.1, 0.3)
@@ -77,18 +87,74 @@ def test_noise_repeats_are_enqueued_once_and_a_requeued_repeat_stays_one() -> No
     study.tell(first, state=TrialState.FAIL)  # e.g. a preempted worker
     frozen = study.get_trials()[first.number]
     assert requeue(study, frozen)  # storage's retry copies params and retry_of, not the noise mark ...
-    assert enqueue_noise_repeats(study, spec) == []  # ... yet the waiting copy counts as repeat 0
+    assert enqueue_repeats(study, spec) == {}  # ... yet the waiting copy counts as repeat 0
     second = study.ask()  # repeat 1 (enqueued earlier) runs first
     assert second.user_attrs[NOISE_ATTR] == 1
     study.tell(second, 1.0)
     retry = study.ask()
     assert NOISE_ATTR not in retry.user_attrs
-    inherit_noise_mark(retry)  # what the objective does first
+    inherit_repeat_mark(retry)  # what the objective does first
     assert retry.user_attrs[NOISE_ATTR] == 0
     study.tell(retry, 2.0)
-    assert enqueue_noise_repeats(study, spec) == []
+    assert enqueue_repeats(study, spec) == {}
     assert spec_from_dict(raw_spec(noise_repeats=3)).noise_repeats == 3
-    assert enqueue_noise_repeats(study, spec_from_dict(raw_spec(noise_repeats=3))) == [2]  # raised later: one more
+    assert enqueue_repeats(study, spec_from_dict(raw_spec(noise_repeats=3))) == {NOISE_ATTR: [2]}  # raised later
+
+
+def test_decay_repeats_pair_with_noise_repeats_and_decay_the_learning_rate() -> None:
+    """Decay repeats are added to a study that already has its noise repeats (a spec raised later), train with their
+    noise repeat's seeds, keep their mark when re-queued, and only their learning rate becomes a linear schedule."""
+    spec = spec_from_dict(raw_spec(decay_repeats=2))
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_repeats(study, spec_from_dict(raw_spec())) == {NOISE_ATTR: [0, 1]}
+    assert enqueue_repeats(study, spec) == {DECAY_ATTR: [0, 1]}
+    assert enqueue_repeats(study, spec) == {}
+    trials = [study.ask() for _ in range(4)]
+    assert [repeat_index(t) for t in trials] == [0, 1, 0, 1]
+    assert [is_repeat_trial(t) for t in trials] == [True] * 4
+    assert trial_seeds(spec, repeat_index(trials[3])) == trial_seeds(spec, repeat_index(trials[1])) == [3, 4, 5]
+    trials[2].suggest_float("clip_range", 0.1, 0.3)  # the centre (fixed params)
+    study.tell(trials[2], state=TrialState.FAIL)
+    assert requeue(study, study.get_trials()[trials[2].number])
+    assert enqueue_repeats(study, spec) == {}  # the waiting copy is decay repeat 0
+    retry = study.ask()
+    inherit_repeat_mark(retry)
+    assert retry.user_attrs[DECAY_ATTR] == 0 and NOISE_ATTR not in retry.user_attrs
+    values = decode_params(spec, centre_values(spec))
+    constant, decayed = trial_config(spec, "CartPole-v1", values), trial_config(spec, "CartPole-v1", values, decayed=True)
+    assert constant.hyperparams["learning_rate"] == pytest.approx(2e-4)
+    assert decayed.hyperparams["learning_rate"] == f"lin_{values['learning_rate']!r}"
+    schedule = decayed.model_kwargs["learning_rate"]  # SB3's progress_remaining: 1 at the start, 0 at the end
+    assert schedule(1.0) == values["learning_rate"] and schedule(0.5) == values["learning_rate"] / 2 and schedule(0.0) == 0
+    assert {k: v for k, v in decayed.hyperparams.items() if k != "learning_rate"} == {
+        k: v for k, v in constant.hyperparams.items() if k != "learning_rate"}
+
+
+def _repeat(attr: str, index: int, seed_values: list[float], last: list[float]) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(
+        params={"learning_rate": 2e-4}, distributions={"learning_rate": optuna.distributions.FloatDistribution(1e-4, 4e-4)},
+        value=sum(seed_values) / len(seed_values),
+        user_attrs={attr: index, "seeds": [3 * index + k for k in range(3)], "seed_values": seed_values,
+                    "eval_returns": [[0.0, x] for x in last]})
+
+
+def test_decay_advice_pairs_each_seed_with_its_noise_repeat() -> None:
+    noise = [_repeat(NOISE_ATTR, k, [100.0 + k, 110.0, 120.0], [200.0, 210.0 + k, 220.0]) for k in range(3)]
+    better = [_repeat(DECAY_ATTR, k, [130.0 + k, 140.0, 155.0], [200.0 + k, 209.0, 222.0]) for k in range(2)]
+    pairs = seed_pairs(noise, better)
+    assert len(pairs) == 6 and pairs[0] == ((100.0, 200.0), (130.0, 200.0))  # repeat 2 has no decay twin
+    result = _Result("Hopper-v5", "Hopper-v5", [], NoiseEstimate(3, 110.0, 1.0, 8.0))
+    result.arguments = {"learning_rate": "learning_rate"}
+    result.noise_trials, result.decay_trials = noise, better
+    line = decay_line(result)
+    assert line.startswith('Hopper-v5: "use linear decay": the centre configuration (learning rate 0.0002)')
+    assert "6 seed pairs (2 decay repeats" in line
+    assert "objective 141.8 decayed vs 110.2 constant (decayed higher in 6 of 6, Wilcoxon p = 0.031): supports the advice" in line
+    assert "last evaluation" in line and "no significant difference" in line
+    result.decay_trials = [_repeat(DECAY_ATTR, k, [50.0, 60.0, 70.0], [100.0, 100.0, 100.0]) for k in range(2)]
+    assert "contradicts the advice" in decay_line(result)
+    result.decay_trials = []
+    assert "not measured" in decay_line(result)
 
 
 def test_seed_spread() -> None:
@@ -104,6 +170,8 @@ class _Result:
 
     def __init__(self, label: str, env_id: str, trials: list[optuna.trial.FrozenTrial], noise: NoiseEstimate) -> None:
         self.label, self.env_id, self.trials, self.noise, self.schedules = label, env_id, trials, noise, {}
+        self.noise_trials: list[optuna.trial.FrozenTrial] = []
+        self.decay_trials: list[optuna.trial.FrozenTrial] = []
         self.arguments = {"clip_range": "clip_range", "log2_batch_size": "batch_size", "gae_lambda": "gae_lambda"}
 
 
@@ -147,6 +215,7 @@ def test_real_study_specs(name: str) -> None:
     tuning/results/<name>/ that later sessions append to."""
     spec = load_spec(ROOT / "tuning" / name)
     assert spec.timesteps >= 300_000 and spec.seeds_per_trial == 3 and spec.noise_repeats >= 8
+    assert spec.decay_repeats == spec.noise_repeats  # every noise repeat has its decayed twin
     assert [p.type for p in spec.dummies] == ["dummy"] and spec.sampler["name"] in ("sobol", "random")
     assert spec.storage == f"tuning/results/{spec.name}/{spec.name}.journal"
     assert {p.name for p in spec.trained_space} == {"clip_range", "learning_rate", "gae_lambda", "batch_size", "n_epochs"}
@@ -165,7 +234,8 @@ def test_best_trials_and_csv_show_the_last_evaluation() -> None:
     hopping.number, no_curve.number = 0, 1
 
     class Result:
-        trials, noise_trials, n_trials, real_params, params = [hopping, no_curve], [], 2, ["clip_range"], ["clip_range"]
+        trials, noise_trials, decay_trials, n_trials = [hopping, no_curve], [], [], 2
+        real_params = params = ["clip_range"]
         arguments, label = {"clip_range": "clip_range"}, "Hopper-v5"
 
     table = "\n".join(best_trials(Result()))  # type: ignore[arg-type]

@@ -6,8 +6,10 @@
 - "lambda lower for more stochastic environments": across studies with noise repeats, the noisier env (coefficient
   of variation of its single-seed objectives at the centre configuration) should have the lower median
   ``gae_lambda`` among its best 10% of trials.
-- "use linear decay": only where a study ran both a constant and a linear learning rate; otherwise says it was not
-  measured.
+- "use linear decay": where a study ran decay repeats (``decay_repeats`` in its spec), each seed of decay repeat k
+  against the same seed of noise repeat k (the centre configuration with a constant learning rate): a Wilcoxon
+  signed-rank test of the paired objectives and of the paired last evaluations; the advice holds where decay is
+  better at p < :data:`ALPHA`. Otherwise says it was not measured.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from optuna.trial import FrozenTrial
 
 from sb3_ppo_scale.tuning.importance import TOP_FRACTION
-from sb3_ppo_scale.tuning.noise import NoiseEstimate
+from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, NoiseEstimate
 
 #: Significance level of the trend tests.
 ALPHA = 0.05
@@ -34,6 +36,8 @@ class StudyLike(Protocol):
     trials: list[FrozenTrial]
     arguments: dict[str, str]
     noise: NoiseEstimate
+    noise_trials: list[FrozenTrial]
+    decay_trials: list[FrozenTrial]
     schedules: dict[str, str] | None
 
 
@@ -82,15 +86,75 @@ def batch_line(result: StudyLike) -> str | None:
 
 
 def decay_line(result: StudyLike) -> str | None:
-    """The linear-decay advice: measured only where both schedules were run."""
+    """The linear-decay advice: the decay repeats against their noise repeats (see the module docstring), or why it
+    was not measured."""
     name = next((p for p, a in result.arguments.items() if a == "learning_rate"), None)
     if name is None:
         return None
+    pairs = seed_pairs(result.noise_trials, result.decay_trials)
+    if pairs:
+        return _decay_comparison(result, name, pairs)
     if result.schedules is None:
         return f"{result.label}: \"use linear decay\": not measured (the study did not record its schedules)."
     used = result.schedules.get(name, "constant")
-    return (f"{result.label}: \"use linear decay\": not measured; every trial used a {used} learning rate (a study "
-            "comparing both would search the schedule as a parameter).")
+    return (f"{result.label}: \"use linear decay\": not measured; every trial used a {used} learning rate (a spec's "
+            "`decay_repeats` run the centre configuration with it decayed linearly).")
+
+
+#: One seed of a decay repeat beside the same seed of its noise repeat: ((objective, last evaluation) constant,
+#: (objective, last evaluation) decayed); a last evaluation is NaN where the trial stored no curves.
+SeedPair = tuple[tuple[float, float], tuple[float, float]]
+
+
+def seed_pairs(noise_trials: list[FrozenTrial], decay_trials: list[FrozenTrial]) -> list[SeedPair]:
+    """Every seed that decay repeat k and noise repeat k both trained (same index, same seed), in repeat order."""
+    constant = {int(t.user_attrs[NOISE_ATTR]): t for t in noise_trials}
+    pairs = []
+    for decayed in sorted(decay_trials, key=lambda t: int(t.user_attrs[DECAY_ATTR])):
+        twin = constant.get(int(decayed.user_attrs[DECAY_ATTR]))
+        if twin is None:
+            continue
+        both = (_per_seed(twin), _per_seed(decayed))
+        pairs += [(both[0][seed], both[1][seed]) for seed in both[0] if seed in both[1]]
+    return pairs
+
+
+def _per_seed(trial: FrozenTrial) -> dict[int, tuple[float, float]]:
+    """seed -> (objective, last evaluation return) of one trial."""
+    seeds = trial.user_attrs.get("seeds") or []
+    values = trial.user_attrs.get("seed_values") or []
+    curves = trial.user_attrs.get("eval_returns") or [[] for _ in values]
+    return {int(s): (float(v), float(c[-1]) if c else math.nan) for s, v, c in zip(seeds, values, curves)}
+
+
+def paired_test(constant: list[float], decayed: list[float]) -> tuple[float, int, float] | None:
+    """(mean of decayed - constant, pairs where decayed is higher, Wilcoxon signed-rank two-sided p); None with fewer
+    than 5 finite pairs or no difference at all."""
+    from scipy.stats import wilcoxon
+
+    diffs = [d - c for c, d in zip(constant, decayed) if math.isfinite(c) and math.isfinite(d)]
+    if len(diffs) < 5 or not any(diffs):
+        return None
+    return float(np.mean(diffs)), sum(d > 0 for d in diffs), float(wilcoxon(diffs).pvalue)
+
+
+def _decay_comparison(result: StudyLike, name: str, pairs: list[SeedPair]) -> str:
+    centre = float(result.decay_trials[0].params[name])
+    parts = []
+    for index, measure in enumerate(("objective", "last evaluation")):
+        constant, decayed = [c[index] for c, _ in pairs], [d[index] for _, d in pairs]
+        tested = paired_test(constant, decayed)
+        if tested is None:
+            parts.append(f"{measure}: not testable")
+            continue
+        mean_diff, wins, p = tested
+        outcome = ("no significant difference" if p >= ALPHA else
+                   "supports the advice" if mean_diff > 0 else "contradicts the advice")
+        parts.append(f"{measure} {np.nanmean(decayed):.1f} decayed vs {np.nanmean(constant):.1f} constant (decayed "
+                     f"higher in {wins} of {len(pairs)}, Wilcoxon p = {p:.2g}): {outcome}")
+    return (f"{result.label}: \"use linear decay\": the centre configuration (learning rate {centre:.3g}) with the "
+            f"learning rate decayed linearly to 0 against constant, {len(pairs)} seed pairs ({len(result.decay_trials)} "
+            f"decay repeats, each seed paired with the same seed of its noise repeat): " + "; ".join(parts) + ".")
 
 
 def lambda_lines(results: Sequence[StudyLike]) -> list[str]:

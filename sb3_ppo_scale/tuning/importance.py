@@ -25,7 +25,7 @@ import optuna
 from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
 from optuna.trial import FrozenTrial, TrialState
 
-from sb3_ppo_scale.tuning.noise import is_noise_trial
+from sb3_ppo_scale.tuning.noise import is_decay_trial, is_noise_trial, is_repeat_trial
 
 EVALUATORS = ("ped_anova", "fanova")
 EVALUATOR_TITLES = {"ped_anova": "PED-ANOVA", "fanova": "fANOVA"}
@@ -46,11 +46,17 @@ def _evaluator(name: str, n_trials: int) -> optuna.importance.BaseImportanceEval
     return FanovaImportanceEvaluator(seed=0)
 
 
-def complete_trials(study: optuna.Study, noise: bool = False) -> list[FrozenTrial]:
-    """COMPLETE trials with a finite value, in trial-number order: the sampled ones (default), or with
-    ``noise=True`` the noise repeats."""
+#: What :func:`complete_trials` selects: kind -> test on a trial.
+TRIAL_KINDS = {"sampled": lambda t: not is_repeat_trial(t), "noise": is_noise_trial, "decay": is_decay_trial}
+
+
+def complete_trials(study: optuna.Study, kind: str = "sampled") -> list[FrozenTrial]:
+    """COMPLETE trials with a finite value, in trial-number order, of one ``kind``: ``sampled`` (default; importance
+    is fitted on them), ``noise`` (the noise repeats) or ``decay`` (the decay repeats)."""
+    if kind not in TRIAL_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, TRIAL_KINDS))}, got {kind!r}")
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return sorted((t for t in trials if t.value is not None and math.isfinite(t.value) and is_noise_trial(t) == noise),
+    return sorted((t for t in trials if t.value is not None and math.isfinite(t.value) and TRIAL_KINDS[kind](t)),
                   key=lambda t: t.number)
 
 

@@ -1,9 +1,14 @@
-"""The noise floor of a study: repeated trials of one fixed configuration, and the seed spread of every trial.
+"""The noise floor of a study (repeated trials of one fixed configuration, the seed spread of every trial), and the
+decay repeats that check the learning-rate-decay advice against it.
 
 - ``noise_repeats: N`` in a spec enqueues N trials of the space's centre (:func:`~sb3_ppo_scale.tuning.spec.centre_values`)
-  before the sampled trials. Each carries the user attribute :data:`NOISE_ATTR` (its index 0..N-1); a re-queued copy
-  of one (a killed or preempted worker) inherits it when it starts (:func:`inherit_noise_mark`). Their objectives
+  before the sampled trials. Each carries the user attribute :data:`NOISE_ATTR` (its index 0..N-1). Their objectives
   differ only by seed, so their spread is the objective's seed variance; they are left out of importance fitting.
+- ``decay_repeats: M`` (M <= N) enqueues M more trials of the centre whose learning rate decays linearly to 0
+  (:data:`DECAY_ATTR`, index 0..M-1); decay repeat k trains with noise repeat k's seeds, so each pair differs by the
+  schedule alone (:func:`~sb3_ppo_scale.tuning.advice.decay_line` compares them). Also left out of importance.
+- A re-queued copy of a repeat (a killed or preempted worker) inherits its mark when it starts
+  (:func:`inherit_repeat_mark`).
 - The dummy parameter (``type: dummy`` in the space) is the other half of the noise floor; its importance is read
   in :mod:`sb3_ppo_scale.tuning.verdicts`.
 """
@@ -22,45 +27,71 @@ from sb3_ppo_scale.tuning.storage import RETRY_ATTR
 
 #: User attribute of a noise-repeat trial: its index among the study's ``noise_repeats``.
 NOISE_ATTR = "noise_repeat"
-#: Trial states in which an enqueued noise repeat counts as present: a FAIL one (retries exhausted) is enqueued again
+#: User attribute of a decay-repeat trial: its index among the study's ``decay_repeats``.
+DECAY_ATTR = "decay_repeat"
+#: Each repeat mark -> the spec field that says how many repeats of that kind a study plans.
+REPEAT_KINDS = {NOISE_ATTR: "noise_repeats", DECAY_ATTR: "decay_repeats"}
+#: Trial states in which an enqueued repeat counts as present: a FAIL one (retries exhausted) is enqueued again
 #: by the next ``tune``; a PRUNED one (search mode) is not.
 _LIVE_STATES = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def is_noise_trial(trial: FrozenTrial) -> bool:
+def is_noise_trial(trial: FrozenTrial | optuna.Trial) -> bool:
     """Whether ``trial`` is a noise repeat (run at the fixed centre configuration)."""
     return NOISE_ATTR in trial.user_attrs
 
 
-def enqueue_noise_repeats(study: optuna.Study, spec: StudySpec) -> list[int]:
-    """Enqueue the noise repeats ``0 .. spec.noise_repeats - 1`` that are neither waiting, running nor complete;
-    returns the indices enqueued (none on a resumed study that has them all)."""
+def is_decay_trial(trial: FrozenTrial | optuna.Trial) -> bool:
+    """Whether ``trial`` is a decay repeat (the centre configuration with a linearly decayed learning rate)."""
+    return DECAY_ATTR in trial.user_attrs
+
+
+def is_repeat_trial(trial: FrozenTrial | optuna.Trial) -> bool:
+    """Whether ``trial`` is a noise or a decay repeat (not a sampled trial)."""
+    return any(attr in trial.user_attrs for attr in REPEAT_KINDS)
+
+
+def repeat_index(trial: FrozenTrial | optuna.Trial) -> int | None:
+    """The index of a noise or decay repeat (its seeds depend on it), None for a sampled trial."""
+    marks = [trial.user_attrs[attr] for attr in REPEAT_KINDS if attr in trial.user_attrs]
+    return int(marks[0]) if marks else None
+
+
+def enqueue_repeats(study: optuna.Study, spec: StudySpec) -> dict[str, list[int]]:
+    """Enqueue the noise repeats ``0 .. spec.noise_repeats - 1`` and decay repeats ``0 .. spec.decay_repeats - 1``
+    that are neither waiting, running nor complete; returns the indices enqueued per mark (:data:`NOISE_ATTR`,
+    :data:`DECAY_ATTR`; empty on a resumed study that has them all)."""
     trials = study.get_trials(deepcopy=False)
     by_number = {t.number: t for t in trials}
-    present = set()
+    present: dict[str, set[int]] = {attr: set() for attr in REPEAT_KINDS}
     for trial in trials:
         if trial.state not in _LIVE_STATES:
             continue
-        mark = trial.user_attrs.get(NOISE_ATTR)
-        if mark is None and RETRY_ATTR in trial.user_attrs:  # a waiting re-queued copy not yet marked
-            mark = by_number.get(trial.user_attrs[RETRY_ATTR], trial).user_attrs.get(NOISE_ATTR)
-        if mark is not None:
-            present.add(int(mark))
-    missing = [index for index in range(spec.noise_repeats) if index not in present]
-    params = centre_values(spec)
-    for index in missing:
-        study.enqueue_trial(params, user_attrs={NOISE_ATTR: index}, skip_if_exists=False)
-    return missing
+        attrs = trial.user_attrs
+        if not is_repeat_trial(trial) and RETRY_ATTR in attrs:  # a waiting re-queued copy not yet marked
+            attrs = by_number.get(attrs[RETRY_ATTR], trial).user_attrs
+        for attr in REPEAT_KINDS:
+            if attr in attrs:
+                present[attr].add(int(attrs[attr]))
+    params, enqueued = centre_values(spec), {}
+    for attr, field_name in REPEAT_KINDS.items():
+        missing = [index for index in range(getattr(spec, field_name)) if index not in present[attr]]
+        for index in missing:
+            study.enqueue_trial(params, user_attrs={attr: index}, skip_if_exists=False)
+        if missing:
+            enqueued[attr] = missing
+    return enqueued
 
 
-def inherit_noise_mark(trial: optuna.Trial) -> None:
-    """Mark a re-queued copy of a noise repeat as that repeat (``retry_of`` names the original trial)."""
+def inherit_repeat_mark(trial: optuna.Trial) -> None:
+    """Mark a re-queued copy of a noise or decay repeat as that repeat (``retry_of`` names the original trial)."""
     attrs = trial.user_attrs
-    if NOISE_ATTR in attrs or RETRY_ATTR not in attrs:
+    if any(attr in attrs for attr in REPEAT_KINDS) or RETRY_ATTR not in attrs:
         return
     original = next((t for t in trial.study.get_trials(deepcopy=False) if t.number == attrs[RETRY_ATTR]), None)
-    if original is not None and NOISE_ATTR in original.user_attrs:
-        trial.set_user_attr(NOISE_ATTR, original.user_attrs[NOISE_ATTR])
+    for attr in REPEAT_KINDS:
+        if original is not None and attr in original.user_attrs:
+            trial.set_user_attr(attr, original.user_attrs[attr])
 
 
 @dataclass(frozen=True)

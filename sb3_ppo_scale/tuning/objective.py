@@ -14,9 +14,9 @@ import optuna
 
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
-from sb3_ppo_scale.tuning.noise import NOISE_ATTR, inherit_noise_mark
+from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.tuning.preemption import PreemptionCheck
-from sb3_ppo_scale.tuning.spec import ParamSpec, StudySpec, pow2_bounds
+from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, pow2_bounds
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
@@ -44,11 +44,14 @@ def decode_params(spec: StudySpec, optuna_params: dict[str, Any]) -> dict[str, A
     return values
 
 
-def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any]) -> zoo.ZooConfig:
+def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any], decayed: bool = False) -> zoo.ZooConfig:
     """One trial as a zoo config entry: the spec's base, the sampled values (``schedule: linear`` -> ``lin_<x>``)
-    and the spec's budget; envs and model are then built as for ``train`` (:mod:`sb3_ppo_scale.experiments.zoo`)."""
+    and the spec's budget; envs and model are then built as for ``train`` (:mod:`sb3_ppo_scale.experiments.zoo`).
+    ``decayed`` (a decay repeat): the learning rate decays linearly to 0 whatever its schedule in the spec."""
     raw: dict[str, Any] = {"device": "cpu", **spec.base, "n_timesteps": spec.timesteps}
     schedules = {p.name: p.schedule for p in spec.space}
+    if decayed:
+        schedules[DECAYED_ARGUMENT] = "linear"
     for name, value in values.items():
         raw[name] = f"lin_{float(value)!r}" if schedules[name] == "linear" else value
     return zoo.config_from_hyperparams(env_id, spec.study_name(env_id), raw, source=str(spec.path or "<spec>"))
@@ -60,13 +63,15 @@ def reduce_returns(returns: list[float], objective: str) -> float:
 
 
 def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], seed: int,
-                       on_eval: Callable[[int, float], None] | None = None) -> tuple[float, list[float]]:
-    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values``; returns (objective, eval returns).
+                       on_eval: Callable[[int, float], None] | None = None,
+                       decayed: bool = False) -> tuple[float, list[float]]:
+    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate decayed
+    linearly, see :func:`trial_config`); returns (objective, eval returns).
 
     Evaluations run every ``eval_freq`` steps and once more at the end if the last one did not see the final
     policy; ``on_eval(timesteps, mean_return)`` is called after each.
     """
-    config = trial_config(spec, env_id, values)
+    config = trial_config(spec, env_id, values, decayed)
     env = zoo.make_envs(config, seed=seed)
     eval_env = zoo.make_envs(config, n_envs=1, seed=seed + EVAL_SEED_OFFSET, eval_env=True)
     hook = None if on_eval is None else (lambda result: on_eval(result.timesteps, result.mean_return))
@@ -81,11 +86,11 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
         eval_env.close()
 
 
-def trial_seeds(spec: StudySpec, noise_repeat: int | None = None) -> list[int]:
+def trial_seeds(spec: StudySpec, repeat: int | None = None) -> list[int]:
     """The seeds a trial trains with: ``seed, seed + 1, ...`` (``seeds_per_trial`` of them) for every sampled trial;
-    noise repeat ``k`` shifts them by ``k * seeds_per_trial``, so that repeats differ by their seeds only (repeat 0
-    shares the sampled trials' seeds)."""
-    offset = 0 if noise_repeat is None else int(noise_repeat) * spec.seeds_per_trial
+    noise (or decay) repeat ``k`` shifts them by ``k * seeds_per_trial``, so that noise repeats differ by their seeds
+    only (repeat 0 shares the sampled trials' seeds) and decay repeat k by its schedule only from noise repeat k."""
+    offset = 0 if repeat is None else int(repeat) * spec.seeds_per_trial
     return [spec.seed + offset + index for index in range(spec.seeds_per_trial)]
 
 
@@ -94,13 +99,14 @@ def make_objective(spec: StudySpec, env_id: str) -> Callable[[optuna.Trial], flo
     ``seeds``, ``seed_values`` and ``eval_returns`` on the trial. Search mode reports and prunes on the first seed."""
 
     def objective(trial: optuna.Trial) -> float:
-        inherit_noise_mark(trial)
+        inherit_repeat_mark(trial)
         sampled = {p.name: suggest(trial, p) for p in spec.space}  # dummies too: same sampling for all
         values = {p.name: sampled[p.name] for p in spec.trained_space}
-        results, curves, seeds = [], [], trial_seeds(spec, trial.user_attrs.get(NOISE_ATTR))
+        results, curves, seeds = [], [], trial_seeds(spec, repeat_index(trial))
+        decayed = is_decay_trial(trial)
         for index, seed in enumerate(seeds):
             on_eval = _pruning_hook(trial, spec) if index == 0 and spec.pruner.get("name") == "median" else None
-            value, curve = train_and_evaluate(spec, env_id, values, seed, on_eval)
+            value, curve = train_and_evaluate(spec, env_id, values, seed, on_eval, decayed)
             results.append(value)
             curves.append(curve)
         trial.set_user_attr("seeds", seeds)

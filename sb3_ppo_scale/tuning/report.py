@@ -29,9 +29,11 @@ from sb3_ppo_scale.tuning.importance import (
     split_half_agreement, stars, top_range,
 )
 from sb3_ppo_scale.tuning.advice import advice_lines
-from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_noise_trial, learning_check, noise_estimate, seed_spread
+from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_decay_trial, is_noise_trial, learning_check, noise_estimate, seed_spread
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
-from sb3_ppo_scale.tuning.runner import DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage
+from sb3_ppo_scale.tuning.runner import (
+    DECAY_REPEATS_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage,
+)
 from sb3_ppo_scale.tuning.spec import load_spec
 from sb3_ppo_scale.tuning.storage import open_storage
 from sb3_ppo_scale.tuning.verdicts import (
@@ -55,7 +57,7 @@ DEFAULT_REPORTS_DIR = Path("tune_results") / "reports"
 @dataclass
 class StudyResult:
     """Everything the report says about one study. ``trials``: the sampled COMPLETE trials (importance is fitted
-    on them); ``noise_trials``: the COMPLETE noise repeats; ``ratings[evaluator][param]``: the stars a real
+    on them); ``noise_trials`` / ``decay_trials``: the COMPLETE noise / decay repeats; ``ratings[evaluator][param]``: the stars a real
     parameter keeps (:func:`~sb3_ppo_scale.tuning.verdicts.rate`)."""
 
     name: str
@@ -78,6 +80,8 @@ class StudyResult:
     noise: NoiseEstimate = NoiseEstimate(0, math.nan, math.nan, math.nan)
     planned: int | None = None  # sampled trials planned (None: not recorded)
     noise_planned: int = 0
+    decay_trials: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+    decay_planned: int = 0
     schedules: dict[str, str] | None = None
     env_id: str = ""
 
@@ -88,11 +92,14 @@ class StudyResult:
 
     @property
     def unfinished(self) -> str | None:
-        """``'<done>/<planned> trials, <done>/<planned> noise repeats'`` when the study is short of its plan."""
-        short = (self.planned is not None and self.n_trials < self.planned) or len(self.noise_trials) < self.noise_planned
+        """``'<done>/<planned> trials, <done>/<planned> noise repeats'`` (and decay repeats where planned) when the
+        study is short of its plan."""
+        short = ((self.planned is not None and self.n_trials < self.planned) or len(self.noise_trials) < self.noise_planned
+                 or len(self.decay_trials) < self.decay_planned)
         if not short:
             return None
-        return f"{self.n_trials}/{self.planned} trials, {len(self.noise_trials)}/{self.noise_planned} noise repeats"
+        decay = f", {len(self.decay_trials)}/{self.decay_planned} decay repeats" if self.decay_planned else ""
+        return f"{self.n_trials}/{self.planned} trials, {len(self.noise_trials)}/{self.noise_planned} noise repeats{decay}"
 
 
 def report_command(source: str | list[str], out: str | Path | None = None, storage: str | None = None,
@@ -200,7 +207,7 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
     arguments = dict(attrs.get("space") or {})
     params = list(arguments) or sorted({name for t in trials for name in t.params})
     arguments = {p: arguments.get(p, p) for p in params}
-    noise_trials = complete_trials(study, noise=True)
+    noise_trials = complete_trials(study, "noise")
     env_id = str(attrs.get("env_id", study.study_name))
     result = StudyResult(
         name=study.study_name, label=env_id, objective=str(attrs.get("objective", "value")), n_trials=len(trials),
@@ -208,7 +215,8 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
         top={p: top_range(trials, p) for p in params}, best_value=max(float(t.value) for t in trials),  # type: ignore[arg-type]
         trials=trials, budget=dict(attrs.get("budget") or {}), dummies=[d for d in attrs.get(DUMMIES_ATTR, []) if d in params],
         noise_trials=noise_trials, noise=noise_estimate(noise_trials), planned=attrs.get(PLANNED_ATTR),
-        noise_planned=int(attrs.get(NOISE_REPEATS_ATTR, 0)), schedules=attrs.get(SCHEDULES_ATTR), env_id=env_id,
+        noise_planned=int(attrs.get(NOISE_REPEATS_ATTR, 0)), decay_trials=complete_trials(study, "decay"),
+        decay_planned=int(attrs.get(DECAY_REPEATS_ATTR, 0)), schedules=attrs.get(SCHEDULES_ATTR), env_id=env_id,
     )
     for evaluator in EVALUATORS:
         try:
@@ -363,12 +371,12 @@ def budget_text(result: StudyResult) -> str:
     budget = result.budget
     planned = "" if result.planned is None else f" of {result.planned} planned"
     text = (f"{result.n_trials} complete sampled trials{planned}, {len(result.noise_trials)} of {result.noise_planned} "
-            f"noise repeats; best objective {result.best_value:.1f}.")
+            f"noise repeats{_decay_count(result)}; best objective {result.best_value:.1f}.")
     if budget:
         text += (f" Budget: {budget['timesteps']:,} env steps x {budget['seeds_per_trial']} seed(s) per trial, "
                  f"{budget['sampler']} sampling, evaluation of {budget['n_episodes']} "
                  f"{'deterministic ' if budget['deterministic'] else ''}episodes every {budget['eval_freq']:,} steps.")
-    everything = result.trials + result.noise_trials
+    everything = result.trials + result.noise_trials + result.decay_trials
     durations = [t.duration.total_seconds() for t in everything if t.duration is not None]
     starts = [t.datetime_start for t in everything if t.datetime_start is not None]
     ends = [t.datetime_complete for t in everything if t.datetime_complete is not None]
@@ -376,6 +384,10 @@ def budget_text(result: StudyResult) -> str:
         text += (f" Trial time summed: {sum(durations) / 60:.0f} min (median {sorted(durations)[len(durations) // 2]:.0f} s "
                  f"per trial); first start to last finish: {(max(ends) - min(starts)).total_seconds() / 60:.0f} min.")
     return text
+
+
+def _decay_count(result: StudyResult) -> str:
+    return f", {len(result.decay_trials)} of {result.decay_planned} decay repeats" if result.decay_planned else ""
 
 
 def noise_text(result: StudyResult) -> str:
@@ -471,15 +483,15 @@ def _best(result: StudyResult) -> list[optuna.trial.FrozenTrial]:
 
 
 def trials_csv(result: StudyResult) -> str:
-    """Every complete trial (sampled and noise repeats): value, per-seed values and spread, the last evaluation's
+    """Every complete trial (sampled, noise and decay repeats): value, per-seed values and spread, the last evaluation's
     return (mean over seeds; empty without stored curves), parameters."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", "last_eval_return",
                      *result.params])
-    for t in sorted(result.trials + result.noise_trials, key=lambda t: t.number):
+    for t in sorted(result.trials + result.noise_trials + result.decay_trials, key=lambda t: t.number):
         spread = seed_spread(t)
-        kind = "noise_repeat" if is_noise_trial(t) else "sampled"
+        kind = "noise_repeat" if is_noise_trial(t) else "decay_repeat" if is_decay_trial(t) else "sampled"
         seeds = ";".join(f"{float(v):.6g}" for v in t.user_attrs.get("seed_values") or [t.value])
         curve = learning_check([t])
         writer.writerow([t.number, kind, f"{float(t.value):.6g}", f"{spread.std:.6g}", f"{spread.low:.6g}",  # type: ignore[arg-type]
@@ -493,7 +505,7 @@ def legend(results: list[StudyResult], n_bootstrap: int) -> list[str]:
     return [
         "- Importance: PED-ANOVA (global: evaluate_on_local=False; target = the top 10% of trials but at least 5, "
         "i.e. quantile max(0.1, 5/n); negated return since it minimises) and fANOVA (64 trees, seed 0); each "
-        "normalised to sum to 1 over the searched parameters and the dummy. Noise-repeat trials are left out.",
+        "normalised to sum to 1 over the searched parameters and the dummy. Noise- and decay-repeat trials are left out.",
         f"- Stars by rule: {STARS_RULE} (over the real parameters; the dummy gets none).",
         "- Noise floor: a dummy parameter sampled like the others but never passed to training. A parameter whose "
         f"bootstrap 5-95% interval ({n_bootstrap} resamples) reaches down to the dummy's is {NOT_DISTINGUISHABLE} and "
@@ -544,6 +556,7 @@ def summary(results: list[StudyResult]) -> dict[str, Any]:
             "env": r.label, "n_trials": r.n_trials, "planned_trials": r.planned, "unfinished": r.unfinished is not None,
             "noise_repeats": {"done": len(r.noise_trials), "planned": r.noise_planned, "mean": _json(r.noise.mean),
                               "std_trial": _json(r.noise.std_trial), "std_seed": _json(r.noise.std_seed)},
+            **({"decay_repeats": {"done": len(r.decay_trials), "planned": r.decay_planned}} if r.decay_planned else {}),
             "dummies": r.dummies, "best_value": r.best_value,
             "importance": {ev: {args[p]: v for p, v in r.importance[ev].items()} for ev in EVALUATORS},
             "stars": {ev: {args[p]: v for p, v in r.stars[ev].items()} for ev in EVALUATORS},

@@ -1,9 +1,10 @@
 """Run a study: one Optuna study per env, trials spread over worker processes, resumable, capped at ``n_trials``.
 
 Each env's study is created or loaded (re-running the same command resumes it), orphaned trials of killed workers
-are failed and re-enqueued, the spec's noise repeats still missing are enqueued (they run first; see
+are failed and re-enqueued, the spec's noise and decay repeats still missing are enqueued (they run first; see
 :mod:`sb3_ppo_scale.tuning.noise`), then the trials still missing are split over ``workers`` processes. A study
-plans ``n_trials`` sampled trials plus ``noise_repeats``; both counts are stored on it for the report. Every worker also
+plans ``n_trials`` sampled trials plus ``noise_repeats`` and ``decay_repeats``; the counts are stored on it for the
+report. Every worker also
 stops when the study holds ``n_trials`` finished trials (``MaxTrialsCallback``), so several ``tune`` commands on
 one database overshoot by at most (all their workers - 1). One line is printed per finished trial.
 """
@@ -28,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning import preemption
-from sb3_ppo_scale.tuning.noise import NOISE_ATTR, enqueue_noise_repeats
+from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
 from sb3_ppo_scale.tuning.objective import decode_params, make_objective
 from sb3_ppo_scale.tuning.spec import StudySpec
 from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id
@@ -96,8 +97,9 @@ def study_budget(spec: StudySpec) -> dict[str, Any]:
     }
 
 
-#: Study user attributes naming the plan: sampled trials asked for, and noise repeats.
-PLANNED_ATTR, NOISE_REPEATS_ATTR, DUMMIES_ATTR = "planned_trials", "noise_repeats", "dummies"
+#: Study user attributes naming the plan: sampled trials asked for, noise and decay repeats, dummy parameters.
+PLANNED_ATTR, NOISE_REPEATS_ATTR, DECAY_REPEATS_ATTR = "planned_trials", "noise_repeats", "decay_repeats"
+DUMMIES_ATTR = "dummies"
 #: Study user attribute: the schedule (constant / linear) of each searched float argument.
 SCHEDULES_ATTR = "schedules"
 
@@ -130,6 +132,7 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
     study.set_user_attr("budget", budget)
     study.set_user_attr(PLANNED_ATTR, spec.n_trials if planned is None else planned)
     study.set_user_attr(NOISE_REPEATS_ATTR, spec.noise_repeats)
+    study.set_user_attr(DECAY_REPEATS_ATTR, spec.decay_repeats)
     study.set_user_attr(DUMMIES_ATTR, [p.optuna_name for p in spec.dummies])
     study.set_user_attr(SCHEDULES_ATTR, {p.optuna_name: p.schedule for p in spec.trained_space if p.type == "float"})
     return study
@@ -144,8 +147,9 @@ def format_trial(study_name: str, trial: FrozenTrial, spec: StudySpec) -> str:
     except KeyError:
         params = trial.params
     shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-    if NOISE_ATTR in trial.user_attrs:
-        shown = f"(noise repeat {trial.user_attrs[NOISE_ATTR]}) {shown}"
+    for attr, kind in ((NOISE_ATTR, "noise repeat"), (DECAY_ATTR, "decay repeat, learning rate decayed linearly")):
+        if attr in trial.user_attrs:
+            shown = f"({kind} {trial.user_attrs[attr]}) {shown}"
     return f"[{study_name}] trial {trial.number:4d} {trial.state.name:8s} value={value:>9s} elapsed={elapsed:6.1f}s {shown}"
 
 
@@ -203,7 +207,7 @@ def split(n: int, workers: int) -> list[int]:
 def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage: str | None = None,
          threads: int = DEFAULT_THREADS) -> int:
     """Run (or resume) the spec's studies; returns 0 when every study holds ``n_trials`` counted sampled trials plus
-    its ``noise_repeats``, else 1.
+    its ``noise_repeats`` and ``decay_repeats``, else 1.
 
     :param threads: torch threads per worker process (default :data:`DEFAULT_THREADS`).
     """
@@ -217,7 +221,7 @@ def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage
     studies = {env_id: open_study(spec, env_id, url, total) for env_id in spec.envs}  # storage errors before trials
     status = 0
     for env_id, study in studies.items():
-        status |= _tune_env(spec, env_id, study, url, total + spec.noise_repeats, workers, threads)
+        status |= _tune_env(spec, env_id, study, url, total + spec.noise_repeats + spec.decay_repeats, workers, threads)
     return status
 
 
@@ -226,9 +230,13 @@ def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total
     failed = recover_stale_trials(study)
     if failed:
         print(f"[{study.study_name}] failed stale trials {failed} of dead workers; their parameters are re-queued", flush=True)
-    enqueued = enqueue_noise_repeats(study, spec)
-    if enqueued:
-        print(f"[{study.study_name}] enqueued noise repeats {enqueued} (the centre configuration, run first)", flush=True)
+    enqueued = enqueue_repeats(study, spec)
+    if NOISE_ATTR in enqueued:
+        print(f"[{study.study_name}] enqueued noise repeats {enqueued[NOISE_ATTR]} (the centre configuration, run first)",
+              flush=True)
+    if DECAY_ATTR in enqueued:
+        print(f"[{study.study_name}] enqueued decay repeats {enqueued[DECAY_ATTR]} (the centre configuration with its "
+              "learning rate decayed linearly, run first)", flush=True)
     done = len(study.get_trials(deepcopy=False, states=counted_states(spec)))
     quotas = split(max(0, total - done), workers)
     print(f"[{study.study_name}] {done}/{total} trials done; running {sum(quotas)} on {len(quotas)} worker(s); storage {url}", flush=True)

@@ -21,6 +21,9 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 - ``noise_repeats`` (int >= 0, default 0): trials of the space's centre configuration
   (:func:`centre_values`) enqueued before the sampled ones and marked as such; they measure the objective's seed
   variance and are left out of importance. They come on top of ``n_trials``.
+- ``decay_repeats`` (int, 0 to ``noise_repeats``, default 0): trials of the centre configuration whose
+  ``learning_rate`` (searched, constant) decays linearly to 0 instead; decay repeat k trains with noise repeat k's
+  seeds, so each pair measures what linear decay changes (the "use linear decay" advice). On top of ``n_trials`` too.
 - ``sampler``: ``{name: random|sobol|tpe, seed}`` (default sobol for sensitivity, tpe for search);
   ``pruner``: ``{name: none|median}`` (median only in search mode).
 - ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
@@ -47,7 +50,8 @@ from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
-            "sampler", "pruner", "n_trials", "noise_repeats", "storage", "output_dir"}
+            "sampler", "pruner", "n_trials", "noise_repeats", "decay_repeats", "storage",
+            "output_dir"}
 EVAL_KEYS = {"eval_freq", "n_episodes", "deterministic", "objective"}
 PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "schedule"}
 MODES = ("sensitivity", "search")
@@ -61,6 +65,8 @@ SCHEDULES = ("constant", "linear")
 ACTIVATIONS = tuple(ACTIVATION_CLASSES)
 #: Base-config keys that are not ScalablePPO arguments.
 EXTRA_BASE_KEYS = {"n_envs", "normalize"}
+#: The argument whose schedule a decay repeat changes (constant in the spec, linear in the repeat).
+DECAYED_ARGUMENT = "learning_rate"
 #: ScalablePPO arguments a spec may not set (the tuner owns them).
 RESERVED_ARGS = {"seed", "tensorboard_log"}
 PPO_ARGS = (set(MODEL_KEYS) | {"policy"}) - RESERVED_ARGS
@@ -117,6 +123,7 @@ class StudySpec:
     pruner: dict[str, Any] = field(default_factory=dict)
     n_trials: int = 32
     noise_repeats: int = 0
+    decay_repeats: int = 0
     storage: str | None = None
     output_dir: Path = Path(".")
     path: Path | None = None
@@ -219,12 +226,28 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         pruner=_check_pruner(raw.get("pruner") or {}, mode),
         n_trials=_positive_int(raw.get("n_trials", 32), "spec.n_trials"),
         noise_repeats=_non_negative_int(raw.get("noise_repeats", 0), "spec.noise_repeats"),
+        decay_repeats=_non_negative_int(raw.get("decay_repeats", 0), "spec.decay_repeats"),
         storage=_check_storage(raw.get("storage"), base_dir),
         output_dir=(base_dir / str(raw.get("output_dir", DEFAULT_RESULTS_DIR / name))),
         path=path,
     )
     _check_batch_fits(spec)
+    _check_decay_repeats(spec)
     return spec
+
+
+def _check_decay_repeats(spec: StudySpec) -> None:
+    """Decay repeat k reuses noise repeat k's seeds, and decays a searched constant learning rate."""
+    if not spec.decay_repeats:
+        return
+    if spec.decay_repeats > spec.noise_repeats:
+        raise ValueError(f"spec.decay_repeats must be an int from 0 to spec.noise_repeats ({spec.noise_repeats}): decay "
+                         f"repeat k is paired with noise repeat k, got {spec.decay_repeats!r}")
+    searched = next((p for p in spec.trained_space if p.name == DECAYED_ARGUMENT), None)
+    if searched is None or searched.type != "float" or searched.schedule != "constant":
+        raise ValueError(f"spec.decay_repeats needs {DECAYED_ARGUMENT} in spec.space as a float with schedule constant "
+                         f"(its centre value is what the decay repeats decay), got "
+                         f"{'nothing' if searched is None else f'type {searched.type}, schedule {searched.schedule}'}")
 
 
 # ------------------------------------------------------------------------------------------------ sections
