@@ -153,6 +153,16 @@ def test_collection_on_the_cpu_trains_like_collection_on_the_gpu() -> None:
     assert max_param_diff(on_gpu, on_cpu) <= 1e-4  # Pendulum's continuous actions: rounding, not a different sample
 
 
+@pytest.mark.parametrize("case", ["box_pendulum_vecnormalize", "discrete_cartpole", "gsde_sample_freq", "cnn",
+                                  "box_time_limit_bootstrap"])
+def test_lean_collection_on_cuda_writes_sb3s_rollout(case: str) -> None:
+    """The lean loop with the policy on the GPU (one host wait per step) against SB3's loop on the GPU: the same
+    kernels and RNG calls, so every buffer field, the callbacks' locals (device tensors) and the state are equal."""
+    from tests.test_lean_collect import assert_same_rollouts
+
+    assert_same_rollouts(case, device="cuda")
+
+
 def test_cuda_graphs_leave_an_ordinary_optimizer(tmp_path) -> None:
     """After train() the optimizer is non-capturable with CPU step counters: it saves, loads on the CPU and trains."""
     model = ScalablePPO("MlpPolicy", "Pendulum-v1", device="cuda", cuda_graphs=True, seed=0, **COMMON)

@@ -32,7 +32,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.core import algorithm
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, to_host
 from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, train_one
 
 N_STEPS = 40
@@ -85,9 +85,10 @@ LOCALS = ("actions", "clipped_actions", "values", "log_probs", "obs_tensor", "ne
           "n_steps", "n_rollout_steps")
 
 
-def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2) -> tuple[PPO, LocalsRecorder]:
+def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2,
+             device: str = "cpu") -> tuple[PPO, LocalsRecorder]:
     make_env, policy, kwargs = CASES[case]
-    model = PPO(policy, make_env(), n_steps=N_STEPS, batch_size=20, seed=0, device="cpu", **kwargs)
+    model = PPO(policy, make_env(), n_steps=N_STEPS, batch_size=20, seed=0, device=device, **kwargs)
     recorder = LocalsRecorder(LOCALS)
     _, callback = model._setup_learn(10**6, recorder)
     th.manual_seed(1)
@@ -98,8 +99,14 @@ def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2) -> tu
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rollout_equals_sb3_loop(case: str) -> None:
-    sb3, sb3_locals = _collect(OnPolicyAlgorithm.collect_rollouts, case)
-    lean, lean_locals = _collect(collect_rollouts_lean, case)
+    assert_same_rollouts(case)
+
+
+def assert_same_rollouts(case: str, device: str = "cpu") -> None:
+    """Two rollouts of ``case`` by SB3's loop and by the lean loop on ``device``: every field equal (see the module
+    docstring)."""
+    sb3, sb3_locals = _collect(OnPolicyAlgorithm.collect_rollouts, case, device=device)
+    lean, lean_locals = _collect(collect_rollouts_lean, case, device=device)
     for field in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages",
                   "returns"):
         assert_same_state(getattr(sb3.rollout_buffer, field), getattr(lean.rollout_buffer, field), field)
@@ -112,6 +119,12 @@ def test_rollout_equals_sb3_loop(case: str) -> None:
     assert all(env is lean.env for env in lean_locals.envs)
     assert_same_state(sb3_locals.steps, lean_locals.steps, "locals")
     assert_identical(sb3, lean)  # collection changes no parameter
+
+
+def test_host_copies_on_the_cpu_are_the_tensors_themselves() -> None:
+    """to_host waits for a GPU once per step; on the CPU it hands back the very tensors (nothing copied)."""
+    tensors = (th.zeros(2, dtype=th.int64), th.ones(2), th.full((2,), 3.0))
+    assert all(a is b for a, b in zip(to_host(*tensors), tensors)) and to_host() == ()
 
 
 def test_time_limit_bootstrap_happened() -> None:

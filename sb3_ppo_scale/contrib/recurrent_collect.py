@@ -36,6 +36,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from torch import _VF
 
 from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, direct, fusion_blocker
+from sb3_ppo_scale.core.lean_collect import to_host
 
 States = tuple[th.Tensor, th.Tensor]
 
@@ -156,7 +157,8 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
             episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
             actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
                                                           bool(self._last_episode_starts.any()))  # type: ignore[union-attr]
-        actions = actions.cpu().numpy()
+            host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
+        actions = host_actions.numpy()
 
         clipped_actions = actions
         if box:
@@ -179,8 +181,8 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
         if dones.any():
             _bootstrap_time_limits(self, rewards, dones, infos, lstm_states)
 
-        rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
-                           lstm_states=self._last_lstm_states)  # type: ignore[attr-defined]
+        rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, host_values,  # type: ignore[arg-type]
+                           host_log_probs, lstm_states=self._last_lstm_states)  # type: ignore[attr-defined]
 
         self._last_obs = new_obs  # type: ignore[assignment]
         self._last_episode_starts = dones

@@ -8,6 +8,8 @@ number as it was:
 - a plain ``RolloutBuffer`` is written in place (what ``RolloutBuffer.add`` stores, without its per-call
   conversions); any other buffer class gets its own ``add``;
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
+- on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
+  (:func:`to_host`); callbacks still see the device tensors SB3's loop has;
 - the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
   ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
   ``clipped_actions``, ``action_masks``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's
@@ -50,6 +52,17 @@ def _writes_in_place(buffer: RolloutBuffer) -> bool:
     observation array."""
     return type(buffer).add in (RolloutBuffer.add, MaskableRolloutBuffer.add) \
         and isinstance(buffer.observations, np.ndarray)
+
+
+def to_host(*tensors: th.Tensor) -> tuple[th.Tensor, ...]:
+    """``tensors`` on the CPU, with one synchronisation: CUDA tensors are copied without blocking (into pinned
+    memory) and the stream is waited for once, where one ``.cpu()`` each would wait each time; CPU tensors are
+    returned as they are. Same values and dtypes either way."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return tensors
+    host = tuple(t.to("cpu", non_blocking=True) for t in tensors)
+    th.cuda.current_stream(tensors[0].device).synchronize()
+    return host
 
 
 def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
@@ -118,7 +131,8 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
             if action_masks_of is not None:
                 action_masks = action_masks_of(env)
             actions, values, log_probs = act(obs_tensor, action_masks)
-        actions = actions.cpu().numpy()
+            host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
+        actions = host_actions.numpy()
 
         clipped_actions = actions
         if box:
@@ -142,8 +156,8 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
             bootstrap_time_limits(self, rewards, dones, infos)
 
         if in_place:
-            _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
-                   action_masks)
+            _store(rollout_buffer, self._last_obs, actions, rewards, self._last_episode_starts, host_values,  # type: ignore[arg-type]
+                   host_log_probs, action_masks)
         elif action_masks is not None:
             rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,  # type: ignore[arg-type]
                                action_masks=action_masks)  # type: ignore[call-arg]
