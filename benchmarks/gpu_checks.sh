@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one call (sized for a ~15-minute device lease):
 #   1. tests/test_cuda.py: ScalablePPO == PPO and the contrib classes == theirs on CUDA; cuda_graphs=True == eager;
-#      the lean loop on CUDA writes SB3 loop's rollout;
+#      the lean loop on CUDA writes the rollout SB3's loop writes;
 #   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
 #   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
