@@ -7,7 +7,10 @@ benchmarks/results/end_to_end/:
              models (DummyVecEnv + VecNormalize, SB3's default MlpPolicy), alternating rollouts from the same RNG
              state; every pair of rollouts is checked equal field by field. Medians over the repeats. A masking env
              (``--envs InvalidActionEnvDiscrete80-v0``) compares MaskablePPO's loop with ScalableMaskablePPO's, a
-             velocity-masked one (``CartPoleNoVel-v1``) RecurrentPPO's with ScalableRecurrentPPO's.
+             velocity-masked one (``CartPoleNoVel-v1``) RecurrentPPO's with ScalableRecurrentPPO's. With
+             ``--device cuda`` (MuJoCo envs) both policies run on the GPU, and a third loop is timed beside them:
+             ScalablePPO with ``collect_device="cpu"`` (its policy on the GPU, collection from a CPU copy); written
+             to collect_cuda.md.
 ``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
              VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
 ``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
@@ -274,10 +277,12 @@ def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path
 
 
 # --------------------------------------------------------------------------------------------------- collect
-def _collection_pair(env_id: str, n_envs: int, seed: int) -> list[tuple[str, Any, Any, Callable[..., bool]]]:
+def _collection_pair(env_id: str, n_envs: int, seed: int,
+                     device: str = "cpu") -> list[tuple[str, Any, Any, Callable[..., bool]]]:
     """Two identical models and the loops to time: SB3 PPO's ``collect_rollouts`` against the lean loop; on a
     masking env (:data:`MASKING_ENVS`) MaskablePPO's against ScalableMaskablePPO's (the lean loop with masks); on a
-    velocity-masked ``*NoVel-v*`` env RecurrentPPO's against ScalableRecurrentPPO's (``MlpLstmPolicy``)."""
+    velocity-masked ``*NoVel-v*`` env RecurrentPPO's against ScalableRecurrentPPO's (``MlpLstmPolicy``). On
+    ``device="cuda"`` (MuJoCo envs only) a third: ScalablePPO collecting from a CPU copy (``collect_device="cpu"``)."""
     from sb3_contrib import MaskablePPO, RecurrentPPO
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import CallbackList
@@ -285,7 +290,7 @@ def _collection_pair(env_id: str, n_envs: int, seed: int) -> list[tuple[str, Any
     from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
+    from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
     from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
     from sb3_ppo_scale.experiments.algorithms import MASKING_ENVS, register_envs
 
@@ -300,32 +305,46 @@ def _collection_pair(env_id: str, n_envs: int, seed: int) -> list[tuple[str, Any
                 ("lean", ScalableRecurrentPPO, ScalableRecurrentPPO.collect_rollouts)]
     else:
         pair = [("baseline", PPO, OnPolicyAlgorithm.collect_rollouts), ("lean", PPO, collect_rollouts_lean)]
+    if device != "cpu":
+        if len(pair) != 2 or pair[0][1] is not PPO:
+            raise SystemExit(f"--device {device}: MuJoCo envs only (SB3 PPO's loop against the lean loop), got {env_id}")
+        pair.append(("lean_cpu_copy", ScalablePPO, ScalablePPO.collect_rollouts))
     models = []
     for name, algo, collect in pair:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
         env = env if env_id in MASKING_ENVS else VecNormalize(env)
-        model = algo(policy, env, n_steps=max(1, 2048 // n_envs), seed=seed, device="cpu")
+        extra = {"collect_device": "cpu"} if name == "lean_cpu_copy" else {}
+        model = algo(policy, env, n_steps=max(1, 2048 // n_envs), seed=seed, device=device, **extra)
         _, callback = model._setup_learn(10**9, CallbackList([]))
         models.append((name, model, callback, collect))
     return models
 
 
 def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
-    rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |",
-            "|---|---:|---:|---:|---|---|"]
+    on_gpu = args.device != "cpu"
+    if on_gpu and not th.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
+    rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |"
+            + (" lean from a CPU copy steps/s | its ratio [min, max] |" if on_gpu else ""),
+            "|---|---:|---:|---:|---|---|" + ("---:|---|" if on_gpu else "")]
     for env_id in args.envs:
         for n_envs in args.n_envs:
-            pair = _collection_pair(env_id, n_envs, args.seed)
-            (_, baseline, _, _), (_, lean, _, _) = pair
-            times: dict[str, list[float]] = {"baseline": [], "lean": []}
+            pair = _collection_pair(env_id, n_envs, args.seed, args.device)
+            (_, baseline, _, _), (_, lean, _, _) = pair[:2]
+            times: dict[str, list[float]] = {name: [] for name, *_ in pair}
             equal = True
             for repeat in range(args.repeats + 1):  # the first pair warms up, untimed
                 rng, np_rng = th.get_rng_state(), np.random.get_state()  # masking envs draw masks from np.random
+                gpu_rng = th.cuda.get_rng_state() if on_gpu else None
                 for name, model, callback, collect in (pair if repeat % 2 else pair[::-1]):
                     th.set_rng_state(rng)
                     np.random.set_state(np_rng)
+                    if gpu_rng is not None:
+                        th.cuda.set_rng_state(gpu_rng)
                     start = time.perf_counter()
                     collect(model, model.env, callback, model.rollout_buffer, model.n_steps)
+                    if on_gpu:
+                        th.cuda.synchronize()
                     if repeat:
                         times[name].append(time.perf_counter() - start)
                 fields = ["observations", "actions", "rewards", "values", "log_probs", "advantages"]
@@ -333,10 +352,12 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
                 equal &= all(np.array_equal(getattr(baseline.rollout_buffer, f), getattr(lean.rollout_buffer, f))
                              for f in fields)
             steps = baseline.n_steps * n_envs
-            ratios = [b / l for b, l in zip(times["baseline"], times["lean"])]
             rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['baseline']):.0f} | "
-                        f"{steps / statistics.median(times['lean']):.0f} | {statistics.median(ratios):.2f}x "
-                        f"[{min(ratios):.2f}, {max(ratios):.2f}] | {'yes' if equal else 'NO'} |")
+                        f"{steps / statistics.median(times['lean']):.0f} | {_ratio_text(times['baseline'], times['lean'])} "
+                        f"| {'yes' if equal else 'NO'} |")
+            if on_gpu:
+                copy = times["lean_cpu_copy"]
+                rows[-1] += f" {steps / statistics.median(copy):.0f} | {_ratio_text(times['baseline'], copy)} |"
             print(rows[-1], flush=True)
     note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), SB3's default MlpPolicy. MuJoCo envs: "
             "SB3 PPO's loop against the lean loop, DummyVecEnv + VecNormalize. Masking envs (sb3-contrib's "
@@ -346,9 +367,20 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
             f"Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
             "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
             "pair.")
+    if on_gpu:
+        note += (f" Device {args.device} ({th.cuda.get_device_name()}): both loops run the policy there; 'lean from a "
+                 "CPU copy' is ScalablePPO with collect_device=\"cpu\" (policy on the GPU, collection from a CPU copy "
+                 "refreshed each rollout; same rollout up to float rounding, so not compared), its ratio against the "
+                 "baseline loop on the GPU.")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "collect.md").write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
+    (RESULTS / ("collect.md" if not on_gpu else "collect_cuda.md")).write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
                                                          note) + rows) + "\n")
+
+
+def _ratio_text(baseline: list[float], other: list[float]) -> str:
+    """Median [min, max] of the per-repeat time ratios baseline / other."""
+    ratios = [b / o for b, o in zip(baseline, other)]
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
 
 
 # --------------------------------------------------------------------------------------------------- profile
@@ -476,6 +508,8 @@ def main(argv: list[str] | None = None) -> None:
     collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])
     collect.add_argument("--repeats", type=int, default=5)
     collect.add_argument("--seed", type=int, default=0)
+    collect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                         help="where the policies run (cuda: also ScalablePPO's collect_device='cpu'; MuJoCo envs only)")
     profile = commands.add_parser("profile", help="one collection step taken apart")
     profile.add_argument("--env", default="Hopper-v5")
     profile.add_argument("--calls", type=int, default=3000)

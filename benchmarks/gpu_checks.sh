@@ -11,6 +11,9 @@
 #   6. with CONTRIB=1, benchmarks/contrib_train.py --device cuda: the contrib classes' train() against sb3-contrib's
 #      on the GPU, cases $CONTRIB_CASES (default masking,cartpole_novel,pendulum_novel; the NoVel envs need rl_zoo3:
 #      pass rl_zoo3==2.9.2 to ../shared/device/wheels.sh; atari_cnnlstm needs ale-py), written as contrib/train_cuda.md.
+#   7. with COLLECT=1, benchmarks/end_to_end.py collect --device cuda: SB3's loop against the lean loop with the
+#      policy on the GPU (rollouts checked equal), and ScalablePPO's collect_device="cpu" beside them, Hopper-v5 at
+#      $COLLECT_ENVS envs (default "1 8 64"; needs gymnasium[mujoco]), written as end_to_end/collect_cuda.md.
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
 # Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
@@ -44,4 +47,10 @@ if [ -n "${CONTRIB:-}" ]; then
   OMP_NUM_THREADS=1 timeout "${CONTRIB_TIMEOUT:-240}" "$PY" benchmarks/contrib_train.py --device cuda --repeats "${REPEATS:-3}" \
     --cases "${CONTRIB_CASES:-masking,cartpole_novel,pendulum_novel}" --out "$OUT/contrib" 2>&1 | grep -v USDT \
     | tee "$OUT/contrib_train_cuda.log" | tail -20
+fi
+if [ -n "${COLLECT:-}" ]; then
+  # shellcheck disable=SC2086  # COLLECT_ENVS is a list of numbers
+  OMP_NUM_THREADS=1 timeout "${COLLECT_TIMEOUT:-240}" "$PY" benchmarks/end_to_end.py collect --device cuda --envs Hopper-v5 \
+    --n-envs ${COLLECT_ENVS:-1 8 64} --repeats "${REPEATS:-3}" 2>&1 | grep -v USDT | tee "$OUT/collect_cuda.log" | tail -8
+  mkdir -p "$OUT/end_to_end" && cp benchmarks/results/end_to_end/collect_cuda.md "$OUT/end_to_end/"
 fi
