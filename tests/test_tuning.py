@@ -268,7 +268,9 @@ def test_three_seed_study_with_dummy_and_noise_repeats_end_to_end(tmp_path: Path
     raw["decay_repeats"] = 2
     write_spec(tmp_path, raw)
     assert cli_main(["tune", str(path)]) == 0
-    assert "enqueued decay repeats [0, 1]" in capsys.readouterr().out
+    decay_out = capsys.readouterr().out
+    assert "enqueued decay repeats [0, 1]" in decay_out
+    assert "(decay repeat 1: learning rate decayed linearly) " in decay_out
     decayed = sorted((t for t in load_trials(path) if DECAY_ATTR in t.user_attrs), key=lambda t: t.number)
     assert [t.user_attrs[DECAY_ATTR] for t in decayed] == [0, 1] and [t.number for t in decayed] == [7, 8]
     for repeat, twin in zip(decayed, trials[:2]):

@@ -147,9 +147,10 @@ def format_trial(study_name: str, trial: FrozenTrial, spec: StudySpec) -> str:
     except KeyError:
         params = trial.params
     shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
-    for attr, kind in ((NOISE_ATTR, "noise repeat"), (DECAY_ATTR, "decay repeat, learning rate decayed linearly")):
-        if attr in trial.user_attrs:
-            shown = f"({kind} {trial.user_attrs[attr]}) {shown}"
+    if NOISE_ATTR in trial.user_attrs:
+        shown = f"(noise repeat {trial.user_attrs[NOISE_ATTR]}) {shown}"
+    if DECAY_ATTR in trial.user_attrs:
+        shown = f"(decay repeat {trial.user_attrs[DECAY_ATTR]}: learning rate decayed linearly) {shown}"
     return f"[{study_name}] trial {trial.number:4d} {trial.state.name:8s} value={value:>9s} elapsed={elapsed:6.1f}s {shown}"
 
 
