@@ -505,7 +505,8 @@ def legend(results: list[StudyResult], n_bootstrap: int) -> list[str]:
     return [
         "- Importance: PED-ANOVA (global: evaluate_on_local=False; target = the top 10% of trials but at least 5, "
         "i.e. quantile max(0.1, 5/n); negated return since it minimises) and fANOVA (64 trees, seed 0); each "
-        "normalised to sum to 1 over the searched parameters and the dummy. Noise- and decay-repeat trials are left out.",
+        "normalised to sum to 1 over the searched parameters and the dummy. "
+        + ("Noise- and decay-repeat" if any(r.decay_planned for r in results) else "Noise-repeat") + " trials are left out.",
         f"- Stars by rule: {STARS_RULE} (over the real parameters; the dummy gets none).",
         "- Noise floor: a dummy parameter sampled like the others but never passed to training. A parameter whose "
         f"bootstrap 5-95% interval ({n_bootstrap} resamples) reaches down to the dummy's is {NOT_DISTINGUISHABLE} and "
