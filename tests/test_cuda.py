@@ -143,7 +143,7 @@ def test_cuda_graphs_kl_adaptive_learning_rate_does_not_recapture() -> None:
 
 
 def test_collection_on_the_cpu_trains_like_collection_on_the_gpu() -> None:
-    """collect_device="cpu" (the default for MLP policies on CUDA) against inference on the GPU: the same rollouts
+    """collect_device="cpu" (a CPU copy of the policy collects) against inference on the GPU: the same rollouts
     up to float rounding of the policy's outputs, so parameters stay within the CUDA tolerance."""
     kwargs = dict(n_steps=N_STEPS, batch_size=64, n_epochs=2)
     on_gpu, on_cpu = train_pair("Pendulum-v1", 2 * N_STEPS, device="cuda", baseline_cls=ScalablePPO,
