@@ -127,15 +127,15 @@ def _per_seed(trial: FrozenTrial) -> dict[int, tuple[float, float]]:
     return {int(s): (float(v), float(c[-1]) if c else math.nan) for s, v, c in zip(seeds, values, curves)}
 
 
-def paired_test(constant: list[float], decayed: list[float]) -> tuple[float, int, float] | None:
-    """(mean of decayed - constant, pairs where decayed is higher, Wilcoxon signed-rank two-sided p); None with fewer
-    than 5 finite pairs or no difference at all."""
+def paired_test(constant: list[float], decayed: list[float]) -> tuple[float, int, int, float] | None:
+    """(mean of decayed - constant, pairs where decayed is higher, finite pairs, Wilcoxon signed-rank two-sided p);
+    None with fewer than 5 finite pairs or no difference at all."""
     from scipy.stats import wilcoxon
 
     diffs = [d - c for c, d in zip(constant, decayed) if math.isfinite(c) and math.isfinite(d)]
     if len(diffs) < 5 or not any(diffs):
         return None
-    return float(np.mean(diffs)), sum(d > 0 for d in diffs), float(wilcoxon(diffs).pvalue)
+    return float(np.mean(diffs)), sum(d > 0 for d in diffs), len(diffs), float(wilcoxon(diffs).pvalue)
 
 
 def _decay_comparison(result: StudyLike, name: str, pairs: list[SeedPair]) -> str:
@@ -147,11 +147,11 @@ def _decay_comparison(result: StudyLike, name: str, pairs: list[SeedPair]) -> st
         if tested is None:
             parts.append(f"{measure}: not testable")
             continue
-        mean_diff, wins, p = tested
+        mean_diff, wins, n, p = tested
         outcome = ("no significant difference" if p >= ALPHA else
                    "supports the advice" if mean_diff > 0 else "contradicts the advice")
         parts.append(f"{measure} {np.nanmean(decayed):.1f} decayed vs {np.nanmean(constant):.1f} constant (decayed "
-                     f"higher in {wins} of {len(pairs)}, Wilcoxon p = {p:.2g}): {outcome}")
+                     f"higher in {wins} of {n}, Wilcoxon p = {p:.2g}): {outcome}")
     return (f"{result.label}: \"use linear decay\": the centre configuration (learning rate {centre:.3g}) with the "
             f"learning rate decayed linearly to 0 against constant, {len(pairs)} seed pairs ({len(result.decay_trials)} "
             f"decay repeats, each seed paired with the same seed of its noise repeat): " + "; ".join(parts) + ".")
