@@ -8,9 +8,10 @@ benchmarks/results/end_to_end/:
              state; every pair of rollouts is checked equal field by field. Medians over the repeats. A masking env
              (``--envs InvalidActionEnvDiscrete80-v0``) compares MaskablePPO's loop with ScalableMaskablePPO's, a
              velocity-masked one (``CartPoleNoVel-v1``) RecurrentPPO's with ScalableRecurrentPPO's. With
-             ``--device cuda`` (MuJoCo envs) both policies run on the GPU, and a third loop is timed beside them:
-             ScalablePPO with ``collect_device="cpu"`` (its policy on the GPU, collection from a CPU copy); written
-             to collect_cuda.md.
+             ``--device cuda`` (MuJoCo envs) both policies run on the GPU, and two more loops are timed beside
+             them: ScalablePPO with ``cuda_graphs=True`` (the lean loop's policy step replayed from a CUDA graph; its
+             rollouts checked equal too) and with ``collect_device="cpu"`` (its policy on the GPU, collection from a
+             CPU copy); written to collect_cuda.md.
 ``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
              VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
 ``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
@@ -282,7 +283,8 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
     """Two identical models and the loops to time: SB3 PPO's ``collect_rollouts`` against the lean loop; on a
     masking env (:data:`MASKING_ENVS`) MaskablePPO's against ScalableMaskablePPO's (the lean loop with masks); on a
     velocity-masked ``*NoVel-v*`` env RecurrentPPO's against ScalableRecurrentPPO's (``MlpLstmPolicy``). On
-    ``device="cuda"`` (MuJoCo envs only) a third: ScalablePPO collecting from a CPU copy (``collect_device="cpu"``)."""
+    ``device="cuda"`` (MuJoCo envs only) two more: ScalablePPO with its policy step replayed from a CUDA graph
+    (``cuda_graphs=True``) and ScalablePPO collecting from a CPU copy (``collect_device="cpu"``)."""
     from sb3_contrib import MaskablePPO, RecurrentPPO
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import CallbackList
@@ -308,12 +310,13 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
     if device != "cpu":
         if len(pair) != 2 or pair[0][1] is not PPO:
             raise SystemExit(f"--device {device}: MuJoCo envs only (SB3 PPO's loop against the lean loop), got {env_id}")
-        pair.append(("lean_cpu_copy", ScalablePPO, ScalablePPO.collect_rollouts))
+        pair += [("lean_graphed", ScalablePPO, ScalablePPO.collect_rollouts),
+                 ("lean_cpu_copy", ScalablePPO, ScalablePPO.collect_rollouts)]
     models = []
     for name, algo, collect in pair:
         env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
         env = env if env_id in MASKING_ENVS else VecNormalize(env)
-        extra = {"collect_device": "cpu"} if name == "lean_cpu_copy" else {}
+        extra = {"lean_cpu_copy": {"collect_device": "cpu"}, "lean_graphed": {"cuda_graphs": True}}.get(name, {})
         model = algo(policy, env, n_steps=max(1, 2048 // n_envs), seed=seed, device=device, **extra)
         _, callback = model._setup_learn(10**9, CallbackList([]))
         models.append((name, model, callback, collect))
@@ -325,14 +328,15 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
     if on_gpu and not th.cuda.is_available():
         raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
     rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |"
-            + (" lean from a CPU copy steps/s | its ratio [min, max] |" if on_gpu else ""),
-            "|---|---:|---:|---:|---|---|" + ("---:|---|" if on_gpu else "")]
+            + (" lean, graphed steps/s | its ratio [min, max] | graphed rollouts equal | lean from a CPU copy steps/s "
+               "| its ratio [min, max] |" if on_gpu else ""),
+            "|---|---:|---:|---:|---|---|" + ("---:|---|---|---:|---|" if on_gpu else "")]
     for env_id in args.envs:
         for n_envs in args.n_envs:
             pair = _collection_pair(env_id, n_envs, args.seed, args.device)
             (_, baseline, _, _), (_, lean, _, _) = pair[:2]
             times: dict[str, list[float]] = {name: [] for name, *_ in pair}
-            equal = True
+            equal, graphed_equal = True, True
             for repeat in range(args.repeats + 1):  # the first pair warms up, untimed
                 rng, np_rng = th.get_rng_state(), np.random.get_state()  # masking envs draw masks from np.random
                 gpu_rng = th.cuda.get_rng_state() if on_gpu else None
@@ -349,15 +353,18 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
                         times[name].append(time.perf_counter() - start)
                 fields = ["observations", "actions", "rewards", "values", "log_probs", "advantages"]
                 fields += [f for f in ("action_masks", "hidden_states_pi", "cell_states_vf") if hasattr(lean.rollout_buffer, f)]
-                equal &= all(np.array_equal(getattr(baseline.rollout_buffer, f), getattr(lean.rollout_buffer, f))
-                             for f in fields)
+                equal &= _same_rollout(baseline, lean, fields)
+                if on_gpu:
+                    graphed_equal &= _same_rollout(baseline, pair[2][1], fields)
             steps = baseline.n_steps * n_envs
             rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['baseline']):.0f} | "
                         f"{steps / statistics.median(times['lean']):.0f} | {_ratio_text(times['baseline'], times['lean'])} "
                         f"| {'yes' if equal else 'NO'} |")
             if on_gpu:
-                copy = times["lean_cpu_copy"]
-                rows[-1] += f" {steps / statistics.median(copy):.0f} | {_ratio_text(times['baseline'], copy)} |"
+                graphed, copy = times["lean_graphed"], times["lean_cpu_copy"]
+                rows[-1] += (f" {steps / statistics.median(graphed):.0f} | {_ratio_text(times['baseline'], graphed)} | "
+                             f"{'yes' if graphed_equal else 'NO'} | {steps / statistics.median(copy):.0f} | "
+                             f"{_ratio_text(times['baseline'], copy)} |")
             print(rows[-1], flush=True)
     note = (f"Collection only (`collect_rollouts`, 2048 env steps a rollout), SB3's default MlpPolicy. MuJoCo envs: "
             "SB3 PPO's loop against the lean loop, DummyVecEnv + VecNormalize. Masking envs (sb3-contrib's "
@@ -368,13 +375,20 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
             "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
             "pair.")
     if on_gpu:
-        note += (f" Device {args.device} ({th.cuda.get_device_name()}): both loops run the policy there; 'lean from a "
+        note += (f" Device {args.device} ({th.cuda.get_device_name()}): both loops run the policy there; 'lean, "
+                 "graphed' is ScalablePPO with cuda_graphs=True (the lean loop with its policy step replayed from a CUDA "
+                 "graph; its rollouts checked equal to the baseline's too); 'lean from a "
                  "CPU copy' is ScalablePPO with collect_device=\"cpu\" (policy on the GPU, collection from a CPU copy "
                  "refreshed each rollout; same rollout up to float rounding, so not compared), its ratio against the "
                  "baseline loop on the GPU.")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / ("collect.md" if not on_gpu else "collect_cuda.md")).write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
                                                          note) + rows) + "\n")
+
+
+def _same_rollout(baseline: Any, other: Any, fields: list[str]) -> bool:
+    """Every named rollout-buffer field of ``other`` equals ``baseline``'s."""
+    return all(np.array_equal(getattr(baseline.rollout_buffer, f), getattr(other.rollout_buffer, f)) for f in fields)
 
 
 def _ratio_text(baseline: list[float], other: list[float]) -> str:

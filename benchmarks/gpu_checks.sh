@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one call (sized for a ~15-minute device lease):
 #   1. tests/test_cuda.py: ScalablePPO == PPO and the contrib classes == theirs on CUDA; cuda_graphs=True == eager;
-#      the lean loop on CUDA writes the rollout SB3's loop writes;
+#      the lean loop on CUDA writes the rollout SB3's loop writes, its policy step eager and replayed from a graph;
 #   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
 #   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
@@ -12,7 +12,8 @@
 #      on the GPU, cases $CONTRIB_CASES (default masking,cartpole_novel,pendulum_novel; the NoVel envs need rl_zoo3:
 #      pass rl_zoo3==2.9.2 to ../shared/device/wheels.sh; atari_cnnlstm needs ale-py), written as contrib/train_cuda.md.
 #   7. with COLLECT=1, benchmarks/end_to_end.py collect --device cuda: SB3's loop against the lean loop with the
-#      policy on the GPU (rollouts checked equal), and ScalablePPO's collect_device="cpu" beside them, Hopper-v5 at
+#      policy on the GPU (rollouts checked equal), and beside them ScalablePPO's cuda_graphs=True (the policy step
+#      replayed from a CUDA graph, rollouts checked equal) and collect_device="cpu", Hopper-v5 at
 #      $COLLECT_ENVS envs (default "1 8 64"; needs gymnasium[mujoco]), written as end_to_end/collect_cuda.md.
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh

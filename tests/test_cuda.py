@@ -53,6 +53,8 @@ def test_cuda_graphs_match_eager(env_id: str, grad_accum_steps: int, target_kl: 
     assert max_param_diff(eager, graphed) <= TOL
     assert graphed._n_grad_steps == eager._n_grad_steps
     assert graphed._graph_cache.graphs is not None  # the graphs really ran
+    # collection's policy step too: captured once, replayed for every rollout
+    assert graphed._inference_graphs.failure is None and graphed._inference_graphs.captures == 1
     for key in ("train/loss", "train/approx_kl", "train/clip_fraction", "train/value_loss"):
         assert graphed.logger.seen[key] == pytest.approx(eager.logger.seen[key], rel=1e-4, abs=1e-6), key
 
@@ -161,6 +163,19 @@ def test_lean_collection_on_cuda_writes_sb3s_rollout(case: str) -> None:
     from tests.test_lean_collect import assert_same_rollouts
 
     assert_same_rollouts(case, device="cuda")
+
+
+@pytest.mark.parametrize("case", ["box_pendulum_vecnormalize", "discrete_cartpole", "multibinary", "gsde_sample_freq",
+                                  "cnn", "multi_input", "one_env"])
+def test_graphed_collection_step_writes_sb3s_rollout(case: str) -> None:
+    """The lean loop with its policy step replayed from a CUDA graph (``cuda_graphs=True``) against SB3's loop on the
+    GPU: every buffer field, the callbacks' locals and the RNG state equal; one capture for both rollouts."""
+    from sb3_ppo_scale.core.inference_graph import InferenceGraphs
+    from tests.test_lean_collect import assert_same_rollouts
+
+    graphs = InferenceGraphs()
+    assert_same_rollouts(case, device="cuda", graphs=graphs)
+    assert graphs.failure is None and graphs.captures == 1 and graphs.step.graph is not None
 
 
 def test_cuda_graphs_leave_an_ordinary_optimizer(tmp_path) -> None:

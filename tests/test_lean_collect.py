@@ -32,6 +32,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.core import algorithm
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, to_host
 from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, train_one
 
@@ -85,10 +86,12 @@ LOCALS = ("actions", "clipped_actions", "values", "log_probs", "obs_tensor", "ne
           "n_steps", "n_rollout_steps")
 
 
-def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2,
-             device: str = "cpu") -> tuple[PPO, LocalsRecorder]:
+def _collect(collect: Callable[..., bool], case: str, n_rollouts: int = 2, device: str = "cpu",
+             graphs: InferenceGraphs | None = None) -> tuple[PPO, LocalsRecorder]:
+    """``n_rollouts`` rollouts of ``case`` by ``collect``; ``graphs``: the policy step the lean loop replays."""
     make_env, policy, kwargs = CASES[case]
     model = PPO(policy, make_env(), n_steps=N_STEPS, batch_size=20, seed=0, device=device, **kwargs)
+    model._inference_graphs = graphs  # type: ignore[attr-defined]  # what ScalablePPO(cuda_graphs=True) holds
     recorder = LocalsRecorder(LOCALS)
     _, callback = model._setup_learn(10**6, recorder)
     th.manual_seed(1)
@@ -102,11 +105,11 @@ def test_rollout_equals_sb3_loop(case: str) -> None:
     assert_same_rollouts(case)
 
 
-def assert_same_rollouts(case: str, device: str = "cpu") -> None:
-    """Two rollouts of ``case`` by SB3's loop and by the lean loop on ``device``: every field equal (see the module
-    docstring)."""
+def assert_same_rollouts(case: str, device: str = "cpu", graphs: InferenceGraphs | None = None) -> PPO:
+    """Two rollouts of ``case`` by SB3's loop and by the lean loop on ``device`` (its policy step from ``graphs``
+    when given): every field equal (see the module docstring). Returns the lean loop's model."""
     sb3, sb3_locals = _collect(OnPolicyAlgorithm.collect_rollouts, case, device=device)
-    lean, lean_locals = _collect(collect_rollouts_lean, case, device=device)
+    lean, lean_locals = _collect(collect_rollouts_lean, case, device=device, graphs=graphs)
     for field in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "advantages",
                   "returns"):
         assert_same_state(getattr(sb3.rollout_buffer, field), getattr(lean.rollout_buffer, field), field)
@@ -119,6 +122,7 @@ def assert_same_rollouts(case: str, device: str = "cpu") -> None:
     assert all(env is lean.env for env in lean_locals.envs)
     assert_same_state(sb3_locals.steps, lean_locals.steps, "locals")
     assert_identical(sb3, lean)  # collection changes no parameter
+    return lean
 
 
 def test_host_copies_on_the_cpu_are_the_tensors_themselves() -> None:
@@ -145,17 +149,22 @@ def test_generator_state_after_collection_matches() -> None:
     assert th.equal(after_sb3, th.rand(4))
 
 
-@pytest.mark.parametrize("case", ["box_pendulum_vecnormalize", "discrete_cartpole", "multidiscrete", "multibinary",
-                                  "gsde_sample_freq", "cnn", "multi_input", "separate_extractors_relu"])
-@pytest.mark.parametrize("rows", [1, 5])
-def test_fused_step_equals_policy_forward(case: str, rows: int) -> None:
+def model_and_obs(case: str, rows: int) -> tuple[PPO, Any]:
+    """A CPU model of ``case`` in eval mode and ``rows`` sampled observations as its policy's input tensor(s)."""
     make_env, policy, kwargs = CASES[case]
     model = PPO(policy, make_env(), n_steps=N_STEPS, batch_size=20, seed=0, device="cpu", **kwargs)
     model.policy.set_training_mode(False)
     sample = [model.observation_space.sample() for _ in range(rows)]
     obs = ({key: np.stack([s[key] for s in sample]) for key in sample[0]} if isinstance(sample[0], dict)
            else np.stack(sample))
-    obs_tensor = model.policy.obs_to_tensor(obs)[0]
+    return model, model.policy.obs_to_tensor(obs)[0]
+
+
+@pytest.mark.parametrize("case", ["box_pendulum_vecnormalize", "discrete_cartpole", "multidiscrete", "multibinary",
+                                  "gsde_sample_freq", "cnn", "multi_input", "separate_extractors_relu"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_fused_step_equals_policy_forward(case: str, rows: int) -> None:
+    model, obs_tensor = model_and_obs(case, rows)
     fused = FusedActorCritic(model.policy)
     th.manual_seed(3)
     with th.no_grad():

@@ -40,6 +40,7 @@ from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
+from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
@@ -83,7 +84,9 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
         while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
         and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
-        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`.
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`. Collection's per-step policy call is then
+        replayed from a CUDA graph too (same kernels and random draws; see
+        :mod:`sb3_ppo_scale.core.inference_graph`).
 
     :param learning_rate: as SB3's (a number or a schedule), or ``"kl_adaptive"`` / a
         :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
@@ -167,6 +170,8 @@ class ScalableOnPolicyMixin:
         self._objective.load_state_dict(self._saved_objective_state())
         self._rollout_stager: RolloutStager | None = None  # allocated by the first train(): loading allocates nothing
         self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
+        # cuda_graphs=True: collection's captured policy step, reused across rollouts
+        self._inference_graphs = InferenceGraphs() if self.cuda_graphs else None
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
         self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
         self._reducer: Reducer = LOCAL  # data-parallel training replaces it
@@ -228,8 +233,8 @@ class ScalableOnPolicyMixin:
         return load_checkpoint(path, env, device=device, cls=cls, **kwargs)  # type: ignore[return-value]
 
     def _excluded_save_params(self) -> list[str]:
-        runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_loss", "_config", "_objective", "_guard",
-                   "_reducer", "_kl_beta", "_collect_device", "_collection"]
+        runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_inference_graphs", "_loss", "_config",
+                   "_objective", "_guard", "_reducer", "_kl_beta", "_collect_device", "_collection"]
         return [*super()._excluded_save_params(), *runtime]
 
     @property

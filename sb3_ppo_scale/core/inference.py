@@ -145,8 +145,13 @@ class GaussianSampler(ActionSampler):
     def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         if mean_actions.shape[0] != self._rows:
             self._prepare(mean_actions)
+        return self.from_noise(th.empty_like(mean_actions).normal_(0, 1), mean_actions)
+
+    def from_noise(self, noise: th.Tensor, mean_actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """(actions, log_prob) from ``noise``, standard-normal draws shaped like ``mean_actions`` (scaled and shifted
+        in place: the actions are ``noise``); the scale must be prepared for ``len(mean_actions)`` rows."""
         # what th.normal(mean, scale) computes (standard normal draws, * scale, + mean), without its std >= 0 check
-        actions = th.empty_like(mean_actions).normal_(0, 1).mul_(self.scale).add_(mean_actions)
+        actions = noise.mul_(self.scale).add_(mean_actions)
         log_prob = -((actions - mean_actions) ** 2) / self.two_var - self.log_scale - _LOG_SQRT_2PI
         return actions, log_prob.sum(dim=1)
 
@@ -296,10 +301,26 @@ class FusedActorCritic:
               action_masks: Any = None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """From the ``mlp_extractor``'s inputs on: its actor and critic nets, the value head, the action head and the
         sampler; (actions, values, log_prob)."""
+        mean_actions, latent_pi, values = self.latent_heads(pi_latent, vf_latent)
+        actions, log_prob = self.sample(mean_actions, latent_pi, action_masks)
+        return actions, values, log_prob
+
+    def network(self, obs: th.Tensor | dict[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Everything before the random draws: (action net output, actor latent, values) of ``obs``."""
+        return self.latent_heads(*self.features(obs))
+
+    def latent_heads(self, pi_latent: th.Tensor, vf_latent: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """The ``mlp_extractor``'s actor and critic nets, the value head and the action head:
+        (action net output, actor latent, values)."""
         latent_pi = self.actor(pi_latent)
         values = self.value_net(self.critic(vf_latent))
+        return self.action_net(latent_pi), latent_pi, values
+
+    def sample(self, mean_actions: th.Tensor, latent_pi: th.Tensor,
+               action_masks: Any = None) -> tuple[th.Tensor, th.Tensor]:
+        """The sampler on the action net's output: (actions in the action space's shape, log_prob)."""
         if action_masks is None:
-            actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi)
+            actions, log_prob = self.sampler(mean_actions, latent_pi)
         else:
-            actions, log_prob = self.sampler(self.action_net(latent_pi), latent_pi, action_masks)  # type: ignore[call-arg]
-        return actions.reshape((-1, *self.action_shape)), values, log_prob
+            actions, log_prob = self.sampler(mean_actions, latent_pi, action_masks)  # type: ignore[call-arg]
+        return actions.reshape((-1, *self.action_shape)), log_prob

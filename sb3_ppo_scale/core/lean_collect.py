@@ -9,7 +9,8 @@ number as it was:
   conversions); any other buffer class gets its own ``add``;
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
 - on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
-  (:func:`to_host`); callbacks still see the device tensors SB3's loop has;
+  (:func:`to_host`); callbacks still see the device tensors SB3's loop has; with ``cuda_graphs=True`` the policy
+  call is replayed from a CUDA graph (:mod:`sb3_ppo_scale.core.inference_graph`);
 - the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
   ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
   ``clipped_actions``, ``action_masks``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's
@@ -39,7 +40,8 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.inference import fusion_blocker
+from sb3_ppo_scale.core.inference_graph import collection_step
 
 
 def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
@@ -115,7 +117,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         self.policy.reset_noise(env.num_envs)
 
     callback.on_rollout_start()
-    act = FusedActorCritic(self.policy)  # after on_rollout_start: a callback may have changed the parameters
+    act = collection_step(self)  # after on_rollout_start: a callback may have changed the parameters
     in_place = _writes_in_place(rollout_buffer)
     box = isinstance(self.action_space, spaces.Box)
     squash = box and self.policy.squash_output
