@@ -40,8 +40,8 @@ from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
-from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.guard import NonFiniteGuard
+from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
 from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate

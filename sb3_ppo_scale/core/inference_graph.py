@@ -19,7 +19,7 @@ order the eager step makes them. The outputs are copied out of the graph's buffe
 step's tensors sees them unchanged by the next replay.
 
 A capture bakes in the storage of the policy's parameters and buffers and the observation batch's shapes and
-dtypes (:func:`graph_key`): the graph is reused across rollouts while those stay the same (an optimizer updates
+dtypes (:func:`storages`, :func:`_layout`): the graph is reused across rollouts while those stay the same (an optimizer updates
 parameters in place) and captured again otherwise. A capture that fails (an op that cannot be captured) is reported
 once and the model goes on with the eager step.
 """
@@ -58,11 +58,6 @@ def storages(policy: th.nn.Module) -> tuple[int, ...]:
     return tuple(tensor.data_ptr() for tensor in (*policy.parameters(), *policy.buffers()))
 
 
-def graph_key(policy: th.nn.Module, obs: Observation) -> tuple:
-    """What a captured step bakes in: the storage of every parameter and buffer, and the observation layout."""
-    return (storages(policy), _layout(obs))
-
-
 def _copy_into(target: Observation, source: Observation) -> None:
     """Copy an observation batch into the fixed buffers of the same layout."""
     if isinstance(target, dict):
@@ -81,7 +76,7 @@ class GraphedStep:
     with ``capture``, replayed from a CUDA graph (see the module docstring). Same outputs and RNG draws as ``fused``.
 
     :param fused: the eager step (its parameters are read by reference, so the capture serves later rollouts while
-        :func:`graph_key` is unchanged).
+        the storages and the layout are unchanged).
     :param obs: an observation batch of the layout to serve (copied; its values do not matter).
     :param capture: capture a CUDA graph (the policy on CUDA); False runs the same body eagerly on the same buffers,
         which is how the CPU tests check everything but the capture.
@@ -167,7 +162,7 @@ class InferenceGraphs:
         return act
 
     def _step_for(self, fused: FusedActorCritic, key: tuple, obs: Observation) -> GraphedStep | None:
-        """The captured step for ``key`` (see :func:`graph_key`): the kept one, or a new capture; None after a failure."""
+        """The captured step for ``key`` (the policy's :func:`storages`, the observation layout): the kept one, or a new capture; None after a failure."""
         if self.failure is not None:
             return None
         if key == self.key:
