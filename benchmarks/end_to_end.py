@@ -209,16 +209,16 @@ def learn_command(args: argparse.Namespace, argv: list[str]) -> None:
                 results[config][algo].append(run)
                 print(f"{config:20s} {algo:13s} repeat {repeat}: {run['steps'] / run['wall_s']:7.0f} steps/s "
                       f"(collect {run['collect_s']:.1f} s, update {run['update_s']:.1f} s)", flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "learn.json").write_text(json.dumps(results, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "learn.json").write_text(json.dumps(results, indent=1))
     rows = learn_table(results)
     note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one thread; median over "
             f"{args.repeats} alternating repeats. collect / update: seconds per 1000 env steps in each phase. "
             "ratio: end-to-end steps/s against SB3 PPO's run of the same repeat (median [min, max] over repeats); "
             "`demo_compile` is ScalablePPO with `compile_loss=True` against the `demo` row's SB3 PPO runs.")
     text = header("End to end at the same config: SB3 PPO, ScalablePPO, SBX PPO", argv, note) + rows
-    (RESULTS / "learn.md").write_text("\n".join(text) + "\n")
-    plot_learn(results, RESULTS / "learn.png")
+    (args.out / "learn.md").write_text("\n".join(text) + "\n")
+    plot_learn(results, args.out / "learn.png")
     print("\n".join(rows))
 
 
@@ -381,8 +381,8 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
                  "CPU copy' is ScalablePPO with collect_device=\"cpu\" (policy on the GPU, collection from a CPU copy "
                  "refreshed each rollout; same rollout up to float rounding, so not compared), its ratio against the "
                  "baseline loop on the GPU.")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / ("collect.md" if not on_gpu else "collect_cuda.md")).write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / ("collect.md" if not on_gpu else "collect_cuda.md")).write_text("\n".join(header("Collection: the baseline loop against the lean loop", argv,
                                                          note) + rows) + "\n")
 
 
@@ -413,8 +413,9 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
     from sb3_ppo_scale.core.inference import FusedActorCritic
     from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+    from sb3_ppo_scale.core.lean_vec_env import lean_vec_step
 
-    (model, callback), _ = _collection_pair(args.env, 1, args.seed)
+    _, model, callback, _ = _collection_pair(args.env, 1, args.seed)[0]
     env, inner = model.env, model.env.venv.envs[0].unwrapped
     action = np.zeros((1, *model.action_space.shape), dtype=np.float32)
     obs = obs_as_tensor(model._last_obs, "cpu")
@@ -430,7 +431,10 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     wrapped.reset(seed=args.seed)
     parts["one env's `step` through gymnasium's wrappers and Monitor"] = _per_call_us(lambda: _step_or_reset(wrapped, action[0]), args.calls)
     parts["DummyVecEnv `step`"] = _per_call_us(lambda: env.venv.step(action), args.calls)
+    lean_dummy, lean_normalize = lean_vec_step(env.venv), lean_vec_step(env)
+    parts["DummyVecEnv, lean step (`lean_vec_step`)"] = _per_call_us(lambda: lean_dummy(action), args.calls)
     parts["VecNormalize(DummyVecEnv) `step`"] = _per_call_us(lambda: env.step(action), args.calls)
+    parts["VecNormalize(DummyVecEnv), lean step"] = _per_call_us(lambda: lean_normalize(action), args.calls)
     parts["SB3's `policy(obs)`"] = sb3_policy
     parts["fused policy step (`FusedActorCritic`)"] = fused_policy
     steps = model.n_steps
@@ -444,28 +448,30 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
     rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within one rollout): the env's "
-             f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
-             f"wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
+             f"`step` {inside['env']:.0f} us (lean: `lean_vec_step`; physics ~{physics:.0f} us, the rest is the "
+             f"env stack: the env's own Python, gymnasium's wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
              f"and the loop around them (tensor conversion, clipping, callbacks, info buffer, buffer writes) "
              f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
              "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
              "Distribution objects."]
     note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread; "
             f"microseconds per call, mean over {args.calls} calls (a collection step: one rollout of {steps} steps).")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "profile.md").write_text("\n".join(header("One collection step, taken apart", argv, note) + rows) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile.md").write_text("\n".join(header("One collection step, taken apart", argv, note) + rows) + "\n")
     print("\n".join(rows))
 
 
 class _TimedEnv:
-    """A VecEnv proxy that adds up the seconds spent in ``step``."""
+    """A VecEnv proxy that adds up the seconds spent in ``step`` (the lean loop's step: ``lean_vec_step(env)``)."""
 
     def __init__(self, env: Any) -> None:
-        self.env, self.seconds = env, 0.0
+        from sb3_ppo_scale.core.lean_vec_env import lean_vec_step
+
+        self.env, self.seconds, self._step = env, 0.0, lean_vec_step(env)
 
     def step(self, actions: np.ndarray) -> Any:
         start = time.perf_counter()
-        out = self.env.step(actions)
+        out = self._step(actions)
         self.seconds += time.perf_counter() - start
         return out
 
@@ -480,9 +486,9 @@ def _lean_step_inside(model: Any, callback: Any) -> dict[str, float]:
     timed_env, policy_s = _TimedEnv(model.env), [0.0]
     fused_call = inference.FusedActorCritic.__call__
 
-    def timed_call(self: Any, obs: Any) -> Any:
+    def timed_call(self: Any, *args: Any) -> Any:
         start = time.perf_counter()
-        out = fused_call(self, obs)
+        out = fused_call(self, *args)
         policy_s[0] += time.perf_counter() - start
         return out
 
@@ -511,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_once(argv[1], argv[2], int(argv[3]))))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"where the tables go (default {RESULTS})")
     commands = parser.add_subparsers(dest="command", required=True)
     learn = commands.add_parser("learn", help="learn() steps/s end to end at each config")
     learn.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))

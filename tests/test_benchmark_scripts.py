@@ -1,0 +1,34 @@
+"""The collection benchmark's cheap commands still run (``benchmarks/end_to_end.py``): a subprocess each, writing into a
+temporary folder, checked for the table it promises. No timing is asserted; this only keeps the script in step with
+the code it measures (the lean loop's and the vector env's signatures)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "end_to_end.py"
+
+
+def _run(out: Path, *args: str) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_profile_takes_one_step_apart(tmp_path: Path) -> None:
+    _run(tmp_path, "profile", "--calls", "2")
+    table = (tmp_path / "profile.md").read_text()
+    for row in ("DummyVecEnv, lean step", "VecNormalize(DummyVecEnv), lean step", "one collection step, lean loop",
+                "Inside a lean collection step"):
+        assert row in table
+
+
+def test_collect_checks_the_rollouts_it_times(tmp_path: Path) -> None:
+    _run(tmp_path, "collect", "--envs", "Hopper-v5", "--n-envs", "8", "--repeats", "1")
+    rows = [line for line in (tmp_path / "collect.md").read_text().splitlines() if line.startswith("| Hopper-v5 | 8 |")]
+    assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), rows
