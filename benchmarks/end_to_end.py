@@ -413,7 +413,6 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
     from sb3_ppo_scale.core.inference import FusedActorCritic
     from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
-    from sb3_ppo_scale.core.lean_vec_env import lean_vec_step
 
     _, model, callback, _ = _collection_pair(args.env, 1, args.seed)[0]
     env, inner = model.env, model.env.venv.envs[0].unwrapped
@@ -431,10 +430,7 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     wrapped.reset(seed=args.seed)
     parts["one env's `step` through gymnasium's wrappers and Monitor"] = _per_call_us(lambda: _step_or_reset(wrapped, action[0]), args.calls)
     parts["DummyVecEnv `step`"] = _per_call_us(lambda: env.venv.step(action), args.calls)
-    lean_dummy, lean_normalize = lean_vec_step(env.venv), lean_vec_step(env)
-    parts["DummyVecEnv, lean step (`lean_vec_step`)"] = _per_call_us(lambda: lean_dummy(action), args.calls)
     parts["VecNormalize(DummyVecEnv) `step`"] = _per_call_us(lambda: env.step(action), args.calls)
-    parts["VecNormalize(DummyVecEnv), lean step"] = _per_call_us(lambda: lean_normalize(action), args.calls)
     parts["SB3's `policy(obs)`"] = sb3_policy
     parts["fused policy step (`FusedActorCritic`)"] = fused_policy
     steps = model.n_steps
@@ -448,8 +444,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
     rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within one rollout): the env's "
-             f"`step` {inside['env']:.0f} us (lean: `lean_vec_step`; physics ~{physics:.0f} us, the rest is the "
-             f"env stack: the env's own Python, gymnasium's wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
+             f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
+             f"wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
              f"and the loop around them (tensor conversion, clipping, callbacks, info buffer, buffer writes) "
              f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
              "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
@@ -462,16 +458,14 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 class _TimedEnv:
-    """A VecEnv proxy that adds up the seconds spent in ``step`` (the lean loop's step: ``lean_vec_step(env)``)."""
+    """A VecEnv proxy that adds up the seconds spent in ``step``."""
 
     def __init__(self, env: Any) -> None:
-        from sb3_ppo_scale.core.lean_vec_env import lean_vec_step
-
-        self.env, self.seconds, self._step = env, 0.0, lean_vec_step(env)
+        self.env, self.seconds = env, 0.0
 
     def step(self, actions: np.ndarray) -> Any:
         start = time.perf_counter()
-        out = self._step(actions)
+        out = self.env.step(actions)
         self.seconds += time.perf_counter() - start
         return out
 

@@ -1,6 +1,6 @@
 """The collection benchmark's cheap commands still run (``benchmarks/end_to_end.py``): a subprocess each, writing into a
 temporary folder, checked for the table it promises. No timing is asserted; this only keeps the script in step with
-the code it measures (the lean loop's and the vector env's signatures)."""
+the code it measures (the signatures of the lean loop and its policy step)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _run(out: Path, *args: str) -> str:
 def test_profile_takes_one_step_apart(tmp_path: Path) -> None:
     _run(tmp_path, "profile", "--calls", "2")
     table = (tmp_path / "profile.md").read_text()
-    for row in ("DummyVecEnv, lean step", "VecNormalize(DummyVecEnv), lean step", "one collection step, lean loop",
+    for row in ("VecNormalize(DummyVecEnv) `step`", "fused policy step", "one collection step, lean loop",
                 "Inside a lean collection step"):
         assert row in table
 

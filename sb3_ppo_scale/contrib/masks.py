@@ -64,8 +64,6 @@ class MaskCheckingVecEnv(VecEnvWrapper):
     :param action_space: the model's action space (what the masks must fit).
     """
 
-    lean_step_passes_through = True  # its step is venv's step (sb3_ppo_scale.core.lean_vec_env)
-
     def __init__(self, venv: VecEnv, action_space: spaces.Space) -> None:
         super().__init__(venv)
         self._action_space = action_space

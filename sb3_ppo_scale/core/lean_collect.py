@@ -8,8 +8,6 @@ number as it was:
 - a plain ``RolloutBuffer`` is written in place (what ``RolloutBuffer.add`` stores, without its per-call
   conversions); any other buffer class gets its own ``add``;
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
-- an exact ``DummyVecEnv`` or ``VecNormalize`` is stepped by :func:`~sb3_ppo_scale.core.lean_vec_env.lean_vec_step`
-  (its ``step`` without the per-step ``deepcopy`` calls; same results, same env state);
 - on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
   (:func:`to_host`); callbacks still see the device tensors SB3's loop has; with ``cuda_graphs=True`` the policy
   call is replayed from a CUDA graph (:mod:`sb3_ppo_scale.core.inference_graph`);
@@ -44,7 +42,6 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.core.inference import fusion_blocker
 from sb3_ppo_scale.core.inference_graph import collection_step
-from sb3_ppo_scale.core.lean_vec_env import lean_vec_step
 
 
 def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
@@ -121,7 +118,6 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
 
     callback.on_rollout_start()
     act = collection_step(self)  # after on_rollout_start: a callback may have changed the parameters
-    step_env = lean_vec_step(env)
     in_place = _writes_in_place(rollout_buffer)
     box = isinstance(self.action_space, spaces.Box)
     squash = box and self.policy.squash_output
@@ -144,7 +140,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         if box:
             clipped_actions = self.policy.unscale_action(clipped_actions) if squash else np.clip(actions, low, high)
 
-        new_obs, rewards, dones, infos = step_env(clipped_actions)
+        new_obs, rewards, dones, infos = env.step(clipped_actions)
 
         self.num_timesteps += env.num_envs
 
