@@ -118,7 +118,7 @@ def assert_same_rollouts(case: str, device: str = "cpu", graphs: InferenceGraphs
     assert_same_state(sb3._last_obs, lean._last_obs, "_last_obs")
     assert_same_state(sb3._last_episode_starts, lean._last_episode_starts, "_last_episode_starts")
     assert_same_state(list(sb3.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
-    if isinstance(sb3.env, VecNormalize):  # the lean loop steps it by lean_vec_step: same running statistics
+    if isinstance(sb3.env, VecNormalize):  # both loops step it once per step: same running statistics
         for name in ("obs_rms", "ret_rms"):
             sb3_stats, lean_stats = getattr(sb3.env, name), getattr(lean.env, name)
             assert_same_state([sb3_stats.mean, sb3_stats.var, sb3_stats.count],
