@@ -257,9 +257,9 @@ def memory_rows(device: str, graphs: bool = True) -> list[dict]:
     return rows
 
 
-def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: list[dict], flags: str = "") -> str:
+def render(device: str, repeats: int, tables: dict[str, list[dict]], memory: list[dict], command: str) -> str:
     lines = [f"# Update-phase throughput, {device}", "",
-             f"Produced by `python benchmarks/train_phase.py --device {device}{flags} --repeats {repeats}` on "
+             f"Produced by `{command}` on "
              f"{datetime.date.today()}; {machine_line(device)}.", "",
              "Samples/s through `train()` on the same synthetic rollout, medians over "
              f"{repeats} alternating repeats after {WARMUP_CALLS} untimed calls per model; ratio = that column / SB3 PPO.",
@@ -308,8 +308,8 @@ def main() -> None:
     tables = {shape: throughput_rows(shape, args.device, args.repeats, args.graphs, args.compile) for shape in args.shapes}
     memory = memory_rows(args.device, args.graphs)
     out = Path(args.out) / f"train_phase_{args.device.split(':')[0]}.md"
-    flags = ("" if args.graphs else " --no-graphs") + {None: "", True: " --compile", False: " --no-compile"}[args.compile]
-    out.write_text(render(args.device, args.repeats, tables, memory, flags))
+    command = " ".join(["python benchmarks/train_phase.py", *sys.argv[1:]])
+    out.write_text(render(args.device, args.repeats, tables, memory, command))
     print(f"wrote {out}")
 
 

@@ -186,10 +186,10 @@ def test_cpu_adam_takes_its_multi_tensor_step_during_train_only(monkeypatch) -> 
     model = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0, device="cpu")
     seen = []
     original = step_module.NonFiniteGuard.step
-    monkeypatch.setattr(step_module.NonFiniteGuard, "step", lambda self, optimizer, *args: (
-        seen.append(optimizer.param_groups[0]["foreach"]), original(self, optimizer, *args))[1])
+    monkeypatch.setattr(step_module.NonFiniteGuard, "step", lambda self, stepper, *args: (
+        seen.append((type(stepper).__name__, stepper.optimizer.param_groups[0]["foreach"])), original(self, stepper, *args))[1])
     model.learn(32)
-    assert seen == [True]
+    assert seen == [("FlatAdam", True)]  # the flat step; its fallback is the multi-tensor step
     assert model.policy.optimizer.param_groups[0]["foreach"] is None
     rmsprop = th.optim.RMSprop(model.policy.parameters())
     assert step_module.multi_tensor_steps(rmsprop, list(model.policy.parameters())) == []  # not proven equal: untouched

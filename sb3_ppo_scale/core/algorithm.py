@@ -38,7 +38,7 @@ from sb3_ppo_scale.core.checks import check_batching, check_rollout_buffer_kwarg
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluator, evaluate_actions
+from sb3_ppo_scale.core.evaluation import Evaluator, FusedGaussianEvaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.inference_graph import InferenceGraphs
@@ -173,6 +173,7 @@ class ScalableOnPolicyMixin:
         # cuda_graphs=True: collection's captured policy step, reused across rollouts
         self._inference_graphs = InferenceGraphs() if self.cuda_graphs else None
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
+        self._fused_evaluator: FusedGaussianEvaluator | None = None  # built by the first train() that can use it
         self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
         self._reducer: Reducer = LOCAL  # data-parallel training replaces it
         self._collect_device = resolve_collect_device(self.collect_device, self.device)
@@ -234,7 +235,8 @@ class ScalableOnPolicyMixin:
 
     def _excluded_save_params(self) -> list[str]:
         runtime = ["_rollout_stager", "_buffer_device", "_graph_cache", "_inference_graphs", "_loss", "_config",
-                   "_objective", "_guard", "_reducer", "_kl_beta", "_collect_device", "_collection"]
+                   "_objective", "_guard", "_reducer", "_kl_beta", "_collect_device", "_collection",
+                   "_fused_evaluator"]
         return [*super()._excluded_save_params(), *runtime]
 
     @property
@@ -309,8 +311,15 @@ class ScalableOnPolicyMixin:
 
     @property
     def _evaluator(self) -> Evaluator:
-        """How the policy evaluates a micro-batch (default: ``policy.evaluate_actions(obs, actions)``)."""
-        return evaluate_actions
+        """How the policy evaluates a micro-batch (default: ``policy.evaluate_actions(obs, actions)``, for a
+        diagonal-Gaussian policy its operations without module dispatch: :class:`FusedGaussianEvaluator`). One object
+        per policy, so that the CUDA graphs' key (which holds the evaluator) stays the same across ``train()`` calls;
+        ``compile_loss`` traces SB3's own ``evaluate_actions``."""
+        if self.compile_loss or FusedGaussianEvaluator.blocker(self.policy) is not None:
+            return evaluate_actions
+        if self._fused_evaluator is None or self._fused_evaluator.policy is not self.policy:
+            self._fused_evaluator = FusedGaussianEvaluator(self.policy)
+        return self._fused_evaluator
 
     def _boundary_state(self) -> dict[str, Any]:
         """State of the algorithm's own that changes during collection and that ``save()`` leaves out, as it is now

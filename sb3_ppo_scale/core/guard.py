@@ -17,6 +17,7 @@ import warnings
 
 import torch as th
 
+from sb3_ppo_scale.core.flat_adam import FlatAdam
 from sb3_ppo_scale.core.objectives import STAT_NAMES
 
 #: consecutive skipped steps after which training stops (a run that cannot produce a finite step is broken)
@@ -52,9 +53,11 @@ class NonFiniteGuard:
         self.consecutive = th.zeros((), dtype=th.int64, device=device)
         self._consecutive_host = 0
 
-    def step(self, optimizer: th.optim.Optimizer, parameters: list[th.nn.Parameter], grad_norm: th.Tensor,
+    def step(self, optimizer: th.optim.Optimizer | FlatAdam, parameters: list[th.nn.Parameter], grad_norm: th.Tensor,
              stats: th.Tensor) -> None:
-        """``optimizer.step()`` when ``grad_norm`` and every statistic are finite; otherwise skip and count."""
+        """``optimizer.step()`` when ``grad_norm`` and every statistic are finite; otherwise skip and count.
+        ``optimizer`` is the optimizer itself in the on-device mode (its state is restored), else anything that
+        takes its step (:class:`~sb3_ppo_scale.core.flat_adam.FlatAdam`)."""
         finite = th.isfinite(grad_norm) & th.isfinite(stats).all()
         if self.on_device:
             self._step_or_undo(optimizer, parameters, finite)

@@ -77,6 +77,9 @@ def fusion_blocker(policy: th.nn.Module, forward_classes: tuple[type, ...] = FOR
     overridden = [name for name in replaced if getattr(type(policy), name) is not getattr(reference, name)]
     if overridden:
         return f"policy class {type(policy).__name__} overrides {', '.join(overridden)}"
+    patched = [name for name in replaced if name in vars(policy)]
+    if patched:
+        return f"the policy object's {', '.join(patched)} is replaced"
     if type(policy.mlp_extractor) is not MlpExtractor:
         return f"mlp_extractor {type(policy.mlp_extractor).__name__} is not SB3's MlpExtractor"
     if th.nn.modules.module._global_forward_hooks or th.nn.modules.module._global_forward_pre_hooks:

@@ -8,7 +8,8 @@ optimizer), the loss function, the loss settings of this ``train()`` call and th
    then the :class:`Reducer` combines gradients and statistics across data-parallel ranks (nothing to do in one
    process);
 2. :meth:`UpdateStep.exceeds_target_kl`: SB3's early stop on the logical minibatch's approx KL;
-3. :meth:`UpdateStep.apply`: one gradient clip and one optimizer step, guarded against non-finite values by a
+3. :meth:`UpdateStep.apply`: one gradient clip and one optimizer step (a CPU Adam's on flat buffers, exactly:
+   :class:`~sb3_ppo_scale.core.flat_adam.FlatAdam`), guarded against non-finite values by a
    :class:`~sb3_ppo_scale.core.guard.NonFiniteGuard`.
 
 The CUDA-graph variant (:class:`~sb3_ppo_scale.core.graphs.CudaGraphStep`) wraps an ``UpdateStep`` and captures
@@ -26,6 +27,7 @@ import numpy as np
 import torch as th
 from torch.distributions import Distribution
 
+from sb3_ppo_scale.core.flat_adam import FlatAdam, flat_blocker
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.objectives import KL_INDEX, AdvantageNormalizer, LossSettings, MicroBatch
 from sb3_ppo_scale.core.sampling import LogicalBatch
@@ -144,6 +146,9 @@ class UpdateStep:
         self.loss, self.loss_settings, self.settings = loss, loss_settings, settings
         self.guard, self.reducer = guard, reducer
         self._foreach_groups = multi_tensor_steps(self.optimizer, self.parameters)
+        flat = not guard.on_device and flat_blocker(self.optimizer, self.parameters) is None
+        #: what takes the optimizer step: a CPU Adam's step on flat buffers where that is exact, else the optimizer
+        self.stepper: th.optim.Optimizer | FlatAdam = FlatAdam(self.optimizer) if flat else self.optimizer
 
     def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         """Update on ``batch``; returns ``(stats, stepped)``; ``stepped`` is False when ``target_kl`` stopped it."""
@@ -179,10 +184,13 @@ class UpdateStep:
     def apply(self, stats: th.Tensor) -> None:
         """One gradient clip (SB3's ``max_grad_norm``) and one optimizer step, unless a value is non-finite."""
         grad_norm = th.nn.utils.clip_grad_norm_(self.parameters, self.settings.max_grad_norm)
-        self.guard.step(self.optimizer, self.parameters, grad_norm, stats)
+        self.guard.step(self.stepper, self.parameters, grad_norm, stats)
 
     def close(self) -> None:
-        """Give the optimizer back its own ``foreach`` setting (see :func:`multi_tensor_steps`)."""
+        """Give the optimizer back its own ``foreach`` setting (see :func:`multi_tensor_steps`) and its state as
+        tensors of their own (see :class:`~sb3_ppo_scale.core.flat_adam.FlatAdam`)."""
+        if isinstance(self.stepper, FlatAdam):
+            self.stepper.close()
         for group in self._foreach_groups:
             group["foreach"] = None
 
