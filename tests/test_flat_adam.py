@@ -81,6 +81,8 @@ def test_blockers_name_what_is_not_reproduced() -> None:
     assert "amsgrad" in flat_blocker(th.optim.Adam(parameters, amsgrad=True), parameters)
     assert "foreach=False" in flat_blocker(th.optim.Adam(parameters, foreach=False), parameters)
     assert "group" in flat_blocker(th.optim.Adam([{"params": parameters[:1]}, {"params": parameters[1:]}]), parameters)
+    others = [th.nn.Parameter(th.zeros(3)), th.nn.Parameter(th.zeros(2))]
+    assert "other parameters" in flat_blocker(th.optim.Adam(others), parameters)
     hooked = th.optim.Adam(parameters)
     hooked.register_step_post_hook(lambda *args: None)
     assert "hooks" in flat_blocker(hooked, parameters)

@@ -36,7 +36,9 @@ def flat_blocker(optimizer: th.optim.Optimizer, parameters: list[th.nn.Parameter
     """Why ``optimizer``'s step cannot run on flat buffers exactly, or None when it can."""
     if type(optimizer) not in FLAT_OPTIMIZERS:
         return f"optimizer {type(optimizer).__name__} is not Adam or AdamW"
-    if len(optimizer.param_groups) != 1 or list(optimizer.param_groups[0]["params"]) != parameters:
+    group_parameters = optimizer.param_groups[0]["params"]
+    if len(optimizer.param_groups) != 1 or len(group_parameters) != len(parameters) \
+            or any(p is not q for p, q in zip(group_parameters, parameters)):
         return "the optimizer has more than one parameter group, or other parameters than the policy's"
     group = optimizer.param_groups[0]
     for option in ("amsgrad", "maximize", "capturable", "differentiable", "fused"):
