@@ -86,6 +86,8 @@ def test_blockers_name_what_is_not_reproduced() -> None:
     hooked = th.optim.Adam(parameters)
     hooked.register_step_post_hook(lambda *args: None)
     assert "hooks" in flat_blocker(hooked, parameters)
+    large = [th.nn.Parameter(th.zeros(flat_adam.MAX_FLAT_ELEMENTS + 1))]
+    assert "more than" in flat_blocker(th.optim.Adam(large), large)
     doubles = [th.nn.Parameter(th.zeros(3, dtype=th.float64))]
     assert "float32" in flat_blocker(th.optim.Adam(doubles), doubles)
 
