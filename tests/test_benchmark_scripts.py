@@ -32,3 +32,13 @@ def test_collect_checks_the_rollouts_it_times(tmp_path: Path) -> None:
     _run(tmp_path, "collect", "--envs", "Hopper-v5", "--n-envs", "8", "--repeats", "1")
     rows = [line for line in (tmp_path / "collect.md").read_text().splitlines() if line.startswith("| Hopper-v5 | 8 |")]
     assert len(rows) == 1 and rows[0].rstrip().endswith("| yes |"), rows
+
+
+def test_flat_adam_benchmark_writes_its_table(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "flat_adam.py"
+    done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "flat_adam_cpu.md").read_text()
+    assert "| MlpPolicy 64x64 (SB3's default) | 11,085 |" in table and table.count("| yes |") >= 2
+    assert "| CnnPolicy, Atari 4x84x84 | 1,687,719 |" in table and table.rstrip().endswith("| no |")
