@@ -23,7 +23,7 @@ import torch as th
 from stable_baselines3.common.distributions import DiagGaussianDistribution, Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.inference import _LOG_SQRT_2PI, REPLACED_METHODS, FusedActorCritic, fusion_blocker
 
 #: ``(values, log_prob, entropy or None, distribution or None)``
 Evaluation = tuple[th.Tensor, th.Tensor, "th.Tensor | None", "Distribution | None"]
@@ -62,8 +62,7 @@ def evaluate_actions(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, 
     return values, log_prob, entropy, None
 
 
-#: log(sqrt(2 pi)) and 0.5 + 0.5 log(2 pi): the constants of torch's ``Normal.log_prob`` and ``Normal.entropy``
-_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+#: 0.5 + 0.5 log(2 pi), the constant of torch's ``Normal.entropy`` (``_LOG_SQRT_2PI`` is ``Normal.log_prob``'s)
 _HALF_LOG_2PI_E = 0.5 + 0.5 * math.log(2 * math.pi)
 
 
@@ -89,7 +88,8 @@ class FusedGaussianEvaluator:
             return f"action distribution {type(policy.action_dist).__name__} is not DiagGaussianDistribution"
         return fusion_blocker(policy, replaced=(*REPLACED_METHODS, "evaluate_actions"))
 
-    def __call__(self, policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, with_distribution: bool) -> Evaluation:
+    def __call__(self, policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                 with_distribution: bool) -> Evaluation:
         if with_distribution or policy is not self.policy:
             return evaluate_actions(policy, micro, actions, with_distribution)
         mean_actions, _, values = self.network(micro.samples.observations)

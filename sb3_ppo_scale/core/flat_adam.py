@@ -1,10 +1,11 @@
-"""A CPU Adam step on one flat buffer: torch's Adam arithmetic in a dozen tensor operations instead of ~10 per parameter.
+"""A CPU Adam step on flat buffers: torch's Adam arithmetic in a dozen tensor operations, not ~10 per parameter.
 
 On the CPU, torch's multi-tensor (``foreach``) Adam step loops over the parameters in C++ and pays the op dispatch for
 each: for SB3's default policy (13 parameter tensors, a step per minibatch of 64) that dispatch is most of the step.
-Small policies only (:data:`MAX_FLAT_ELEMENTS`): for large ones the extra copies cost more than the dispatch. :class:`FlatAdam` keeps each moment of a ``train()`` call in one contiguous buffer, with the optimizer's
-per-parameter state rebound to views of it, and runs the step of ``torch.optim.Adam`` / ``AdamW`` (``foreach``,
-non-capturable) on the whole buffer:
+Small policies only (:data:`MAX_FLAT_ELEMENTS`): for large ones the extra copies cost more than the dispatch.
+:class:`FlatAdam` keeps each moment of a ``train()`` call in one contiguous buffer, with the optimizer's per-parameter
+state rebound to views of it, and runs the step of ``torch.optim.Adam`` / ``AdamW`` (``foreach``, non-capturable) on
+the whole buffer:
 
 - the same element-wise operations with the same scalars (``lerp_``, ``mul_``, ``addcmul_``, ``sqrt``, ``div_``,
   ``add_``, ``addcdiv_``; the bias corrections from the step count as Python floats, as torch computes them);
@@ -32,8 +33,8 @@ FLAT_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
 MOMENTS = ("exp_avg", "exp_avg_sq")
 #: Largest policy (parameter elements) stepped flat. The flat step copies gradients and parameters once more per step,
 #: which pays only while per-tensor dispatch dominates: on a 2-core x86 box, 1 thread, it measured 1.8x the
-#: multi-tensor step at 11k elements (SB3's default MLP), 1.2x at 143k (256x256), even at 312k, and 3x slower at
-#: Atari's CNN (1.7M).
+#: multi-tensor step at 11k elements (SB3's default MLP), 1.2x at 143k and 312k, 0.7x at 547k and 0.37x at Atari's
+#: CNN (1.7M): benchmarks/results/flat_adam_cpu.md.
 MAX_FLAT_ELEMENTS = 2**18
 
 
@@ -144,7 +145,8 @@ class FlatAdam:
         denominator.div_(bias_correction2**0.5)
         denominator.add_(eps)
         params.addcdiv_(exp_avg, denominator, value=(lr / bias_correction1) * -1)
-        th._foreach_copy_(self.parameters, [view.view_as(p) for view, p in zip(params.split(self.sizes), self.parameters)])
+        updated = [view.view_as(p) for view, p in zip(params.split(self.sizes), self.parameters)]
+        th._foreach_copy_(self.parameters, updated)
 
 
 @functools.lru_cache(maxsize=1)
