@@ -36,23 +36,24 @@ POLICIES = {
 }
 
 
-def _stepped_adam(parameters: list[th.nn.Parameter]) -> th.optim.Adam:
-    """SB3's PPO optimizer (Adam, eps 1e-5) after one step, in the multi-tensor mode ScalablePPO's update uses."""
+def _stepped_adam(parameters: list[th.nn.Parameter], gradients: list[th.Tensor]) -> th.optim.Adam:
+    """SB3's PPO optimizer (Adam, eps 1e-5) after one step on ``gradients``, in the multi-tensor mode ScalablePPO's
+    update uses; the gradients stay set for the timed steps."""
     optimizer = th.optim.Adam(parameters, lr=3e-4, eps=1e-5, foreach=True)
-    for p in parameters:
-        p.grad = th.randn_like(p)
+    for p, gradient in zip(parameters, gradients):
+        p.grad = gradient.clone()
     optimizer.step()
     return optimizer
 
 
-def step_times(policy: th.nn.Module, repeats: int, steps: int = 20) -> tuple[float, float]:
-    """Median microseconds per step: (multi-tensor Adam, FlatAdam)."""
+def step_times(policy: th.nn.Module, repeats: int, steps: int = 20) -> tuple[float, float, bool]:
+    """Median microseconds per step (multi-tensor Adam, FlatAdam) and whether both ended with equal parameters and
+    state (the first flat step builds the buffers, inside the first repeat)."""
     parameters = list(policy.parameters())
-    foreach = _stepped_adam(parameters)
-    flat = FlatAdam(_stepped_adam([th.nn.Parameter(p.detach().clone()) for p in parameters]))
-    for p, q in zip(parameters, flat.parameters):
-        q.grad = p.grad.clone()
-    flat.step()  # builds the flat buffers
+    twins = [th.nn.Parameter(p.detach().clone()) for p in parameters]
+    gradients = [th.randn_like(p) for p in parameters]
+    foreach = _stepped_adam(parameters, gradients)
+    flat = FlatAdam(_stepped_adam(twins, gradients))
     times: list[tuple[float, float]] = []
     for _ in range(repeats):
         pair = []
@@ -62,7 +63,11 @@ def step_times(policy: th.nn.Module, repeats: int, steps: int = 20) -> tuple[flo
                 step()
             pair.append((time.perf_counter() - start) / steps * 1e6)
         times.append((pair[0], pair[1]))
-    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+    flat.close()
+    states = [[t for p in ps for t in opt.state[p].values()] for ps, opt in ((parameters, foreach),
+                                                                             (twins, flat.optimizer))]
+    equal = all(th.equal(a, b) for a, b in zip(parameters + states[0], twins + states[1]))
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times), equal
 
 
 def main() -> None:
@@ -75,15 +80,17 @@ def main() -> None:
              f"Produced by `{' '.join(['OMP_NUM_THREADS=1 python benchmarks/flat_adam.py', *sys.argv[1:]])}` on "
              f"{time.strftime('%Y-%m-%d')}; {machine_line('cpu')}.", "",
              f"Microseconds per step, median over {args.repeats} alternating repeats of 20 steps; same state, same "
-             f"gradients, equal results. ScalablePPO steps flat up to {MAX_FLAT_ELEMENTS:,} parameter elements.", "",
-             "| policy | parameter elements | multi-tensor us | flat us | speed-up | stepped flat |",
-             "|---|---:|---:|---:|---:|---|"]
+             f"gradients; 'equal': parameters and Adam state equal bit for bit after all steps. ScalablePPO steps flat "
+             f"up to {MAX_FLAT_ELEMENTS:,} parameter elements.", "",
+             "| policy | parameter elements | multi-tensor us | flat us | speed-up | equal | stepped flat |",
+             "|---|---:|---:|---:|---:|---|---|"]
     for name, make in POLICIES.items():
         th.manual_seed(0)
         policy = make()
         n_elements = sum(p.numel() for p in policy.parameters())
-        foreach_us, flat_us = step_times(policy, args.repeats)
+        foreach_us, flat_us, equal = step_times(policy, args.repeats)
         lines.append(f"| {name} | {n_elements:,} | {foreach_us:,.0f} | {flat_us:,.0f} | {foreach_us / flat_us:.2f}x | "
+                     f"{'yes' if equal else 'NO'} | "
                      f"{'yes' if n_elements <= MAX_FLAT_ELEMENTS else 'no'} |")
         print(lines[-1], flush=True)
     out = args.out / "flat_adam_cpu.md"

@@ -33,8 +33,8 @@ FLAT_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
 MOMENTS = ("exp_avg", "exp_avg_sq")
 #: Largest policy (parameter elements) stepped flat. The flat step copies gradients and parameters once more per step,
 #: which pays only while per-tensor dispatch dominates: on a 2-core x86 box, 1 thread, it measured 1.8x the
-#: multi-tensor step at 11k elements (SB3's default MLP), 1.2x at 143k and 312k, 0.7x at 547k and 0.37x at Atari's
-#: CNN (1.7M): benchmarks/results/flat_adam_cpu.md.
+#: multi-tensor step at 11k elements (SB3's default MLP, 2.0x in another run), 1.1-1.2x at 143k, 0.9-1.2x at 312k,
+#: 0.7-0.8x at 547k and 0.37x at Atari's CNN (1.7M): benchmarks/results/flat_adam_cpu.md.
 MAX_FLAT_ELEMENTS = 2**18
 
 
