@@ -56,7 +56,12 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], str, int, str]] = {
     "gpu_const_64": ("HalfCheetah-v5@gpu_const", {}, "HalfCheetah-v5", 1,
                      "@gpu_const: 64 envs x 256 steps, batch 2048, 10 epochs, lr 1e-3 (@gpu_kl with SB3's constant lr)"),
     "atari_pong": ("atari", {}, "PongNoFrameskip-v4", 2, "the zoo's Atari config: Pong, 8 envs, CnnPolicy"),
+    "atari_pong_thp": ("atari", {}, "PongNoFrameskip-v4", 2,
+                       "atari_pong with torch's `THP_MEM_ALLOC_ENABLE=1` for every algorithm (CPU tensors of 2 MB or "
+                       "more on transparent huge pages)"),
 }
+#: config name -> environment variables set for every algorithm's runs of it (and unset for every other config)
+PROCESS_ENV: dict[str, dict[str, str]] = {"atari_pong_thp": {"THP_MEM_ALLOC_ENABLE": "1"}}
 ALGOS = ("sb3_ppo", "scalable_ppo", "sbx_ppo")
 SCALABLE_ONLY = ("compile_loss",)
 
@@ -180,18 +185,34 @@ def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
     timed_rollouts = CONFIGS[config][3]
     model.learn(rollout)  # untimed: jit / compile warm-up
     timer = PhaseTimer()
-    start, steps_before = time.perf_counter(), model.num_timesteps
+    start, steps_before, faults_before = time.perf_counter(), model.num_timesteps, _minor_page_faults()
     model.learn(timed_rollouts * rollout, callback=timer, reset_num_timesteps=False)
     wall = time.perf_counter() - start
     steps = model.num_timesteps - steps_before
-    return {"steps": steps, "wall_s": wall, "collect_s": timer.collect_s, "update_s": wall - timer.collect_s}
+    return {"steps": steps, "wall_s": wall, "collect_s": timer.collect_s, "update_s": wall - timer.collect_s,
+            "page_faults": _minor_page_faults() - faults_before}
+
+
+def _minor_page_faults() -> int:
+    """This process's minor page faults so far (memory the kernel maps in on first touch)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def run_environment(config: str) -> dict[str, str]:
+    """The environment of one run of ``config``: one torch (and XLA) thread, and its :data:`PROCESS_ENV` settings,
+    none of another config's (whatever this shell has set)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    for name in {key for values in PROCESS_ENV.values() for key in values}:
+        env.pop(name, None)
+    return {**env, **PROCESS_ENV.get(config, {})}
 
 
 def _run_subprocess(algo: str, config: str, seed: int) -> dict[str, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-    done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=env, capture_output=True,
-                          text=True, timeout=1800, cwd=ROOT)
+    done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=run_environment(config),
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{algo} {config} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -214,6 +235,7 @@ def learn_command(args: argparse.Namespace, argv: list[str]) -> None:
     rows = learn_table(results)
     note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one thread; median over "
             f"{args.repeats} alternating repeats. collect / update: seconds per 1000 env steps in each phase. "
+            "page faults: minor page faults of the timed part, per env step. "
             "ratio: end-to-end steps/s against SB3 PPO's run of the same repeat (median [min, max] over repeats); "
             "`demo_compile` is ScalablePPO with `compile_loss=True` against the `demo` row's SB3 PPO runs.")
     text = header("End to end at the same config: SB3 PPO, ScalablePPO, SBX PPO", argv, note) + rows
@@ -232,18 +254,20 @@ def _baseline_runs(results: dict[str, dict[str, list[dict[str, float]]]], config
 
 
 def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
-    rows = ["| config | algorithm | steps/s | collect s / 1k steps | update s / 1k steps | ratio to SB3 PPO |",
-            "|---|---|---:|---:|---:|---|"]
+    rows = ["| config | algorithm | steps/s | collect s / 1k steps | update s / 1k steps | page faults / step "
+            "| ratio to SB3 PPO |", "|---|---|---:|---:|---:|---:|---|"]
     for config, by_algo in results.items():
         baseline = _baseline_runs(results, config)
         for algo, runs in by_algo.items():
             rate = statistics.median(r["steps"] / r["wall_s"] for r in runs)
             collect = statistics.median(1000 * r["collect_s"] / r["steps"] for r in runs)
             update = statistics.median(1000 * r["update_s"] / r["steps"] for r in runs)
+            faults = (f"{statistics.median(r['page_faults'] / r['steps'] for r in runs):.0f}"
+                      if all("page_faults" in r for r in runs) else "n/a")
             ratios = [(r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline)]
             ratio = (f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
                      if ratios and algo != "sb3_ppo" else "1" if algo == "sb3_ppo" else "n/a")
-            rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {ratio} |")
+            rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {faults} | {ratio} |")
     rows += ["", "Configs:", ""] + [f"- `{name}`: {CONFIGS[name][4]}" for name in results]
     return rows
 

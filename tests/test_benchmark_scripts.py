@@ -42,3 +42,32 @@ def test_flat_adam_benchmark_writes_its_table(tmp_path: Path) -> None:
     table = (tmp_path / "flat_adam_cpu.md").read_text()
     assert "| MlpPolicy 64x64 (SB3's default) | 11,085 |" in table and "| NO |" not in table  # equal everywhere
     assert "| CnnPolicy, Atari 4x84x84 | 1,687,719 |" in table and table.rstrip().endswith("| yes | no |")
+
+
+def _end_to_end_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("end_to_end_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_learn_runs_set_their_configs_environment_and_no_other(monkeypatch) -> None:
+    e2e = _end_to_end_module()
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")  # set in the shell: must not leak into the plain config's runs
+    assert "THP_MEM_ALLOC_ENABLE" not in e2e.run_environment("atari_pong")
+    assert e2e.run_environment("atari_pong_thp")["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert e2e.run_environment("atari_pong")["OMP_NUM_THREADS"] == "1"
+
+
+def test_learn_table_reports_page_faults_and_ratios() -> None:
+    e2e = _end_to_end_module()
+    run = {"steps": 1000, "wall_s": 2.0, "collect_s": 0.5, "update_s": 1.5, "page_faults": 3000}
+    faster = {**run, "wall_s": 1.0, "page_faults": 1000}
+    old = {k: v for k, v in run.items() if k != "page_faults"}  # a run recorded before page faults were
+    rows = e2e.learn_table({"atari_pong": {"sb3_ppo": [run], "scalable_ppo": [faster]},
+                            "atari_pong_thp": {"sb3_ppo": [old], "scalable_ppo": [old]}})
+    assert "| atari_pong | sb3_ppo | 500 | 0.50 | 1.50 | 3 | 1 |" in rows
+    assert "| atari_pong | scalable_ppo | 1000 | 0.50 | 1.50 | 1 | 2.00x [2.00, 2.00] |" in rows
+    assert "| atari_pong_thp | scalable_ppo | 500 | 0.50 | 1.50 | n/a | 1.00x [1.00, 1.00] |" in rows
