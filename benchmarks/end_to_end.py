@@ -437,6 +437,7 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
     from sb3_ppo_scale.core.inference import FusedActorCritic
     from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+    from sb3_ppo_scale.core.lean_step import vec_env_step
 
     _, model, callback, _ = _collection_pair(args.env, 1, args.seed)[0]
     env, inner = model.env, model.env.venv.envs[0].unwrapped
@@ -455,6 +456,9 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     parts["one env's `step` through gymnasium's wrappers and Monitor"] = _per_call_us(lambda: _step_or_reset(wrapped, action[0]), args.calls)
     parts["DummyVecEnv `step`"] = _per_call_us(lambda: env.venv.step(action), args.calls)
     parts["VecNormalize(DummyVecEnv) `step`"] = _per_call_us(lambda: env.step(action), args.calls)
+    lean_step = vec_env_step(env)
+    parts["VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)"] = _per_call_us(lambda: lean_step(action),
+                                                                                            args.calls)
     parts["SB3's `policy(obs)`"] = sb3_policy
     parts["fused policy step (`FusedActorCritic`)"] = fused_policy
     steps = model.n_steps
@@ -469,7 +473,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
     rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within one rollout): the env's "
              f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
-             f"wrappers, Monitor, DummyVecEnv, VecNormalize, resets), the fused policy step {inside['policy']:.0f} us, "
+             f"wrappers, Monitor, DummyVecEnv, VecNormalize (stepped by `vec_env_step`), resets), the fused policy "
+             f"step {inside['policy']:.0f} us, "
              f"and the loop around them (tensor conversion, clipping, callbacks, info buffer, buffer writes) "
              f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
              "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
@@ -482,14 +487,16 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
 
 class _TimedEnv:
-    """A VecEnv proxy that adds up the seconds spent in ``step``."""
+    """A VecEnv proxy that adds up the seconds spent in ``step``, stepping ``env`` as the lean loop steps it."""
 
     def __init__(self, env: Any) -> None:
-        self.env, self.seconds = env, 0.0
+        from sb3_ppo_scale.core.lean_step import vec_env_step
+
+        self.env, self.lean_step, self.seconds = env, vec_env_step(env), 0.0
 
     def step(self, actions: np.ndarray) -> Any:
         start = time.perf_counter()
-        out = self.env.step(actions)
+        out = self.lean_step(actions)
         self.seconds += time.perf_counter() - start
         return out
 

@@ -23,8 +23,8 @@ def _run(out: Path, *args: str) -> str:
 def test_profile_takes_one_step_apart(tmp_path: Path) -> None:
     _run(tmp_path, "profile", "--calls", "2")
     table = (tmp_path / "profile.md").read_text()
-    for row in ("VecNormalize(DummyVecEnv) `step`", "fused policy step", "one collection step, lean loop",
-                "Inside a lean collection step"):
+    for row in ("VecNormalize(DummyVecEnv) `step`", "the lean loop's step (`vec_env_step`)", "fused policy step",
+                "one collection step, lean loop", "Inside a lean collection step"):
         assert row in table
 
 

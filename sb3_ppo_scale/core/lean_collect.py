@@ -1,6 +1,6 @@
 """Lean collection: SB3's ``OnPolicyAlgorithm.collect_rollouts``, step for step, at a fraction of its per-step cost.
 
-The loop below is SB3's (same statements, same order, same random draws), with four changes that leave every
+The loop below is SB3's (same statements, same order, same random draws), with these changes that leave every
 number as it was:
 
 - the policy call is :class:`~sb3_ppo_scale.core.inference.FusedActorCritic` (same tensor operations and RNG calls
@@ -8,6 +8,8 @@ number as it was:
 - a plain ``RolloutBuffer`` is written in place (what ``RolloutBuffer.add`` stores, without its per-call
   conversions); any other buffer class gets its own ``add``;
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
+- SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.lean_step.vec_env_step`
+  (their statements, leaner copies and moments; any other VecEnv by its own ``step``);
 - on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
   (:func:`to_host`); callbacks still see the device tensors SB3's loop has; with ``cuda_graphs=True`` the policy
   call is replayed from a CUDA graph (:mod:`sb3_ppo_scale.core.inference_graph`);
@@ -42,6 +44,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.core.inference import fusion_blocker
 from sb3_ppo_scale.core.inference_graph import collection_step
+from sb3_ppo_scale.core.lean_step import vec_env_step
 
 
 def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
@@ -118,6 +121,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
 
     callback.on_rollout_start()
     act = collection_step(self)  # after on_rollout_start: a callback may have changed the parameters
+    step = vec_env_step(env)
     in_place = _writes_in_place(rollout_buffer)
     box = isinstance(self.action_space, spaces.Box)
     squash = box and self.policy.squash_output
@@ -140,7 +144,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         if box:
             clipped_actions = self.policy.unscale_action(clipped_actions) if squash else np.clip(actions, low, high)
 
-        new_obs, rewards, dones, infos = env.step(clipped_actions)
+        new_obs, rewards, dones, infos = step(clipped_actions)
 
         self.num_timesteps += env.num_envs
 
