@@ -331,6 +331,8 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
                 ("lean", ScalableRecurrentPPO, ScalableRecurrentPPO.collect_rollouts)]
     else:
         pair = [("baseline", PPO, OnPolicyAlgorithm.collect_rollouts), ("lean", PPO, collect_rollouts_lean)]
+    if device == "cpu" and pair[0][1] is PPO:
+        pair.append(("lean_own_step", PPO, _lean_with_own_env_step))
     if device != "cpu":
         if len(pair) != 2 or pair[0][1] is not PPO:
             raise SystemExit(f"--device {device}: MuJoCo envs only (SB3 PPO's loop against the lean loop), got {env_id}")
@@ -347,14 +349,27 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
     return models
 
 
+def _lean_with_own_env_step(model: Any, env: Any, callback: Any, buffer: Any, n_steps: int) -> bool:
+    """The lean loop with the VecEnv stepped by its own ``step``: what ``vec_env_step`` buys, measured."""
+    from sb3_ppo_scale.core import lean_collect
+
+    lean_step = lean_collect.vec_env_step
+    lean_collect.vec_env_step = lambda vec_env: vec_env.step
+    try:
+        return lean_collect.collect_rollouts_lean(model, env, callback, buffer, n_steps)
+    finally:
+        lean_collect.vec_env_step = lean_step
+
+
 def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
     on_gpu = args.device != "cpu"
     if on_gpu and not th.cuda.is_available():
         raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
-    rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal |"
+    rows = ["| env | envs | baseline loop steps/s | lean loop steps/s | ratio [min, max] | rollouts equal "
+            "| lean loop, the VecEnv's own `step`: steps/s | lean loop against it [min, max] |"
             + (" lean, graphed steps/s | its ratio [min, max] | graphed rollouts equal | lean from a CPU copy steps/s "
                "| its ratio [min, max] |" if on_gpu else ""),
-            "|---|---:|---:|---:|---|---|" + ("---:|---|---|---:|---|" if on_gpu else "")]
+            "|---|---:|---:|---:|---|---|---:|---|" + ("---:|---|---|---:|---|" if on_gpu else "")]
     for env_id in args.envs:
         for n_envs in args.n_envs:
             pair = _collection_pair(env_id, n_envs, args.seed, args.device)
@@ -377,13 +392,17 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
                         times[name].append(time.perf_counter() - start)
                 fields = ["observations", "actions", "rewards", "values", "log_probs", "advantages"]
                 fields += [f for f in ("action_masks", "hidden_states_pi", "cell_states_vf") if hasattr(lean.rollout_buffer, f)]
-                equal &= _same_rollout(baseline, lean, fields)
+                equal &= all(_same_rollout(baseline, model, fields) for name, model, *_ in pair
+                             if name in ("lean", "lean_own_step"))
                 if on_gpu:
                     graphed_equal &= _same_rollout(baseline, pair[2][1], fields)
             steps = baseline.n_steps * n_envs
             rows.append(f"| {env_id} | {n_envs} | {steps / statistics.median(times['baseline']):.0f} | "
                         f"{steps / statistics.median(times['lean']):.0f} | {_ratio_text(times['baseline'], times['lean'])} "
                         f"| {'yes' if equal else 'NO'} |")
+            own = times.get("lean_own_step")
+            rows[-1] += (f" {steps / statistics.median(own):.0f} | {_ratio_text(own, times['lean'])} |" if own
+                         else " n/a | n/a |")
             if on_gpu:
                 graphed, copy = times["lean_graphed"], times["lean_cpu_copy"]
                 rows[-1] += (f" {steps / statistics.median(graphed):.0f} | {_ratio_text(times['baseline'], graphed)} | "
@@ -397,7 +416,8 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
             "ScalableRecurrentPPO's, contrib's default `MlpLstmPolicy` (one 256-unit LSTM each for actor and critic). "
             f"Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
             "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
-            "pair.")
+            "pair. 'The VecEnv's own `step`': the lean loop with the env stepped by `env.step` rather than "
+            "`vec_env_step` (MuJoCo envs on the CPU), alternating with the other two loops from the same RNG states.")
     if on_gpu:
         note += (f" Device {args.device} ({th.cuda.get_device_name()}): both loops run the policy there; 'lean, "
                  "graphed' is ScalablePPO with cuda_graphs=True (the lean loop with its policy step replayed from a CUDA "
