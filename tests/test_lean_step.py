@@ -104,6 +104,13 @@ def test_copy_infos_is_deepcopy() -> None:
     assert copied == infos and all(c is not i for c, i in zip(copied, infos))
     assert copied[1]["shared"] is not shared and copied[1]["shared"] is copied[2]["shared"]  # one memo, as deepcopy
 
+    class Tagged(float):  # a float subclass can hold mutable state: deep-copied, not shared
+        pass
+
+    tagged = Tagged(1.0)
+    tagged.notes = []  # type: ignore[attr-defined]
+    assert copy_infos([{"x": tagged}])[0]["x"] is not tagged
+
 
 class StepCountingVecEnv(DummyVecEnv):
     """A subclass (its step may differ from DummyVecEnv's): stepped by its own ``step``."""

@@ -39,8 +39,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
 VecStep = Callable[[np.ndarray], VecEnvStepReturn]
-#: Info values copied by reference: a deep copy of one of these is the value itself (or an equal new scalar).
-IMMUTABLE_SCALARS = (bool, int, float, str, type(None), np.bool_, np.integer, np.floating)
+#: Info value types copied by reference (exact types: a subclass may carry mutable state): a deep copy of one of
+#: these is the value itself, or an equal new scalar.
+IMMUTABLE_SCALARS = frozenset({bool, int, float, str, type(None), *(np.dtype(code).type for code in "?bBhHiIlLqQefdg")})
 #: Observation dtypes :func:`batch_moments` handles (others go through ``RunningMeanStd.update``).
 MOMENT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _STEP_METHODS = ("step", "step_async", "step_wait")
@@ -94,7 +95,7 @@ def copy_infos(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``deepcopy(infos)``: a new list of new dicts, each value deep-copied (one memo for the whole list) unless it is
     an immutable scalar, which a deep copy would not change."""
     memo: dict[int, Any] = {}
-    return [dict(info) if type(info) is dict and all(isinstance(v, IMMUTABLE_SCALARS) for v in info.values())
+    return [dict(info) if type(info) is dict and all(type(v) in IMMUTABLE_SCALARS for v in info.values())
             else deepcopy(info, memo) for info in infos]
 
 
@@ -138,7 +139,7 @@ def batch_moments(batch: np.ndarray) -> tuple[np.ndarray | np.generic, np.ndarra
     centre = np.true_divide(centre, count, out=centre, casting="unsafe")
     deviations = np.subtract(batch, centre)
     np.square(deviations, out=deviations)
-    var = _divide(np.add.reduce(deviations, 0), np.maximum(count - 0, 0))
+    var = _divide(np.add.reduce(deviations, 0), np.maximum(count - 0, 0))  # NumPy's max(count - ddof, 0), ddof 0
     return mean, var
 
 
