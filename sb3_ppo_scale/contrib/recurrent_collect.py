@@ -9,7 +9,8 @@ callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3
   ``forward`` calls, on its own flat weights; ``_process_sequence``'s two branches (no episode start in the batch:
   the states as they are; otherwise each state multiplied by ``1 - episode_start``) are kept, the branch chosen from
   the episode starts the loop already holds as a numpy array;
-- the time-limit bootstrap visits only the envs whose episode ended.
+- the time-limit bootstrap visits only the envs whose episode ended;
+- SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.lean_step.vec_env_step`.
 
 The loop is written out rather than shared with :func:`~sb3_ppo_scale.core.lean_collect.collect_rollouts_lean`,
 whose middle it repeats: callbacks read the loop's own ``locals()``, so the step cannot move into a helper.
@@ -37,6 +38,7 @@ from torch import _VF
 
 from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, direct, fusion_blocker
 from sb3_ppo_scale.core.lean_collect import to_host
+from sb3_ppo_scale.core.lean_step import vec_env_step
 
 States = tuple[th.Tensor, th.Tensor]
 
@@ -145,6 +147,7 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
     callback.on_rollout_start()
     act = FusedRecurrentActorCritic(self.policy)  # type: ignore[arg-type]  # after on_rollout_start, as the lean loop
 
+    step = vec_env_step(env)
     lstm_states = deepcopy(self._last_lstm_states)  # type: ignore[attr-defined]
     box = isinstance(self.action_space, spaces.Box)
 
@@ -164,7 +167,7 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
         if box:
             clipped_actions = np.clip(actions, self.action_space.low, self.action_space.high)  # type: ignore[union-attr]
 
-        new_obs, rewards, dones, infos = env.step(clipped_actions)
+        new_obs, rewards, dones, infos = step(clipped_actions)
 
         self.num_timesteps += env.num_envs
 
