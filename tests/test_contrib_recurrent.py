@@ -186,3 +186,21 @@ def test_save_and_load_keep_the_model_and_its_arguments(tmp_path) -> None:
 def test_bad_arguments_are_named(kwargs: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **{**SMALL, **kwargs})
+
+
+def test_cuda_graphs_refusal_with_fixed_chunks_says_what_is_missing() -> None:
+    with pytest.raises(ValueError, match=r"cuda_graphs=True .*capturing fixed-length chunks \(sequence_length\) "
+                                         r"is not built"):
+        ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", cuda_graphs=True, sequence_length=8,
+                             **SMALL)
+
+
+@pytest.mark.parametrize("name", ["rollout_buffer_class", "rollout_buffer_kwargs"])
+def test_a_buffer_argument_is_refused_with_the_reason(name: str) -> None:
+    """RecurrentPPO takes no buffer arguments (a TypeError); ours says why, and that no sequence buffer exists."""
+    from sb3_ppo_scale import PrioritizedRolloutBuffer
+
+    value = PrioritizedRolloutBuffer if name == "rollout_buffer_class" else {}
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{name}': like sb3_contrib.RecurrentPPO .*"
+                                        r"prioritized buffer for sequences is not built"):
+        ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **{**SMALL, name: value})

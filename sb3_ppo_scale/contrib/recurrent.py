@@ -106,6 +106,10 @@ def evaluate_batched_or_loop(policy: ActorCriticPolicy, micro: Any, actions: th.
     return _evaluate(policy, data, actions, batched_sequence)
 
 
+#: PPO's buffer arguments, which RecurrentPPO does not take (its buffer is built from the policy's LSTM shapes).
+BUFFER_ARGUMENTS = frozenset({"rollout_buffer_class", "rollout_buffer_kwargs"})
+
+
 class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     """PPO with LSTM policies: ``sb3_contrib.RecurrentPPO`` with ScalablePPO's additions.
 
@@ -130,7 +134,9 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     weighted by their share of the real samples, so it needs ``batch_size > (grad_accum_steps - 1) * n_steps``
     (every minibatch then holds ``grad_accum_steps`` sequences), or ``batch_size / sequence_length >=
     grad_accum_steps`` with ``sequence_length``.
-    Not supported, with a clear error: ``cuda_graphs`` (padded shapes change with every minibatch),
+    Not supported, with a clear error: ``rollout_buffer_class`` / ``rollout_buffer_kwargs`` (a ``TypeError``, as
+    RecurrentPPO's, saying so), ``cuda_graphs`` (padded shapes change with every minibatch; capturing
+    ``sequence_length``'s fixed chunks is not built),
     ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
     policy's device).
     """
@@ -141,6 +147,10 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False,
                  sequence_length: int | None = None, **kwargs: Any) -> None:
+        for name in BUFFER_ARGUMENTS & kwargs.keys():
+            raise TypeError(f"ScalableRecurrentPPO got an unexpected keyword argument {name!r}: like "
+                            "sb3_contrib.RecurrentPPO it builds its own RecurrentRolloutBuffer of sequences, and a "
+                            "prioritized buffer for sequences is not built (docs/contrib.md, Limits)")
         # read in _setup_model, which the base constructor runs
         self.batched_sequences, self.sequence_length = batched_sequences, sequence_length
         self._sequence_starts: np.ndarray | None = None
@@ -151,8 +161,9 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
             raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
         for name in ("cuda_graphs", "overlap_collection"):
             if getattr(config, name):
-                why = ("its padded minibatch shapes change with every minibatch" if name == "cuda_graphs"
-                       else "the EnvPool collector does not carry LSTM states")
+                why = {"overlap_collection": "the EnvPool collector does not carry LSTM states",
+                       "cuda_graphs": "its padded minibatch shapes change with every minibatch" if self.sequence_length
+                       is None else "capturing fixed-length chunks (sequence_length) is not built"}[name]
                 raise ValueError(f"{name}=True is not supported by ScalableRecurrentPPO ({why}); pass {name}=False")
         if resolve_collect_device(config.collect_device, self.device) != self.device:
             raise ValueError(f"collect_device must be 'auto' (the policy's device, {self.device}) for "
