@@ -147,8 +147,9 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False,
                  sequence_length: int | None = None, **kwargs: Any) -> None:
-        for name in BUFFER_ARGUMENTS & kwargs.keys():
-            raise TypeError(f"ScalableRecurrentPPO got an unexpected keyword argument {name!r}: like "
+        passed = sorted(BUFFER_ARGUMENTS & kwargs.keys())
+        if passed:
+            raise TypeError(f"ScalableRecurrentPPO got an unexpected keyword argument {passed[0]!r}: like "
                             "sb3_contrib.RecurrentPPO it builds its own RecurrentRolloutBuffer of sequences, and a "
                             "prioritized buffer for sequences is not built (docs/contrib.md, Limits)")
         # read in _setup_model, which the base constructor runs
