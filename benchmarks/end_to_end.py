@@ -14,8 +14,10 @@ benchmarks/results/end_to_end/:
              CPU copy); written to collect_cuda.md.
 ``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
              VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
-``learn``    ``learn()`` steps/s end to end, one fresh process per run (one torch thread, and one XLA thread for
-             SBX), runs of the algorithms alternating, medians over repeats, collection and update time split out.
+``learn``    ``learn()`` steps/s end to end, one fresh process per run, pinned to one CPU core (``--core``; one torch
+             thread; SBX's XLA runs its computations on threads of its own besides Python's, which the pin keeps on
+             the same core), runs of the algorithms alternating, medians over repeats, collection and update time
+             split out, and the process's CPU time over wall time (at most 1 on one core).
              Each run first learns one rollout untimed (SBX's jit and ``compile_loss`` compile there), then times
              the next ``rollouts`` rollouts: steady-state throughput. Ratios are per repeat (run r of an algorithm
              against SB3 PPO's run r), then the median. Also writes a PNG.
@@ -186,11 +188,12 @@ def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
     model.learn(rollout)  # untimed: jit / compile warm-up
     timer = PhaseTimer()
     start, steps_before, faults_before = time.perf_counter(), model.num_timesteps, _minor_page_faults()
+    cpu_before = time.process_time()
     model.learn(timed_rollouts * rollout, callback=timer, reset_num_timesteps=False)
     wall = time.perf_counter() - start
     steps = model.num_timesteps - steps_before
     return {"steps": steps, "wall_s": wall, "collect_s": timer.collect_s, "update_s": wall - timer.collect_s,
-            "page_faults": _minor_page_faults() - faults_before}
+            "page_faults": _minor_page_faults() - faults_before, "cpu_s": time.process_time() - cpu_before}
 
 
 def _minor_page_faults() -> int:
@@ -204,15 +207,26 @@ def run_environment(config: str) -> dict[str, str]:
     """The environment of one run of ``config``: one torch (and XLA) thread, and its :data:`PROCESS_ENV` settings,
     none of another config's (whatever this shell has set)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+           "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
     for name in {key for values in PROCESS_ENV.values() for key in values}:
         env.pop(name, None)
     return {**env, **PROCESS_ENV.get(config, {})}
 
 
-def _run_subprocess(algo: str, config: str, seed: int) -> dict[str, float]:
+def default_core() -> int:
+    """The highest-numbered CPU core this process may run on (the one the learn runs are pinned to by default)."""
+    return max(os.sched_getaffinity(0))
+
+
+def pin_to(core: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that pins the new process, so every thread it starts, to CPU core ``core``."""
+    return lambda: os.sched_setaffinity(0, {core})
+
+
+def _run_subprocess(algo: str, config: str, seed: int, core: int) -> dict[str, float]:
+    """One run of :func:`run_once` in a fresh process pinned to CPU core ``core``."""
     done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=run_environment(config),
-                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT, preexec_fn=pin_to(core))
     if done.returncode != 0:
         raise RuntimeError(f"{algo} {config} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -226,16 +240,18 @@ def learn_command(args: argparse.Namespace, argv: list[str]) -> None:
         for repeat in range(args.repeats):
             order = algos[repeat % len(algos):] + algos[:repeat % len(algos)]  # alternate who runs first
             for algo in order:
-                run = _run_subprocess(algo, config, args.seed)
+                run = _run_subprocess(algo, config, args.seed, args.core)
                 results[config][algo].append(run)
                 print(f"{config:20s} {algo:13s} repeat {repeat}: {run['steps'] / run['wall_s']:7.0f} steps/s "
                       f"(collect {run['collect_s']:.1f} s, update {run['update_s']:.1f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learn.json").write_text(json.dumps(results, indent=1))
     rows = learn_table(results)
-    note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one thread; median over "
+    note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one torch thread, every "
+            f"process pinned to CPU core {args.core} (all its threads); median over "
             f"{args.repeats} alternating repeats. collect / update: seconds per 1000 env steps in each phase. "
-            "page faults: minor page faults of the timed part, per env step. "
+            "page faults: minor page faults of the timed part, per env step. CPU / wall: the process's CPU time "
+            "(all threads) over the wall time of the timed part (at most 1 on one core; below 1 where it waited). "
             "ratio: end-to-end steps/s against SB3 PPO's run of the same repeat (median [min, max] over repeats); "
             "`demo_compile` is ScalablePPO with `compile_loss=True` against the `demo` row's SB3 PPO runs.")
     text = header("End to end at the same config: SB3 PPO, ScalablePPO, SBX PPO", argv, note) + rows
@@ -255,7 +271,7 @@ def _baseline_runs(results: dict[str, dict[str, list[dict[str, float]]]], config
 
 def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
     rows = ["| config | algorithm | steps/s | collect s / 1k steps | update s / 1k steps | page faults / step "
-            "| ratio to SB3 PPO |", "|---|---|---:|---:|---:|---:|---|"]
+            "| CPU / wall | ratio to SB3 PPO |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for config, by_algo in results.items():
         baseline = _baseline_runs(results, config)
         for algo, runs in by_algo.items():
@@ -264,10 +280,13 @@ def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[s
             update = statistics.median(1000 * r["update_s"] / r["steps"] for r in runs)
             faults = (f"{statistics.median(r['page_faults'] / r['steps'] for r in runs):.0f}"
                       if all("page_faults" in r for r in runs) else "n/a")
+            cores = (f"{statistics.median(r['cpu_s'] / r['wall_s'] for r in runs):.2f}"
+                     if all("cpu_s" in r for r in runs) else "n/a")
             ratios = [(r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline)]
             ratio = (f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
                      if ratios and algo != "sb3_ppo" else "1" if algo == "sb3_ppo" else "n/a")
-            rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {faults} | {ratio} |")
+            rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {faults} | {cores} "
+                        f"| {ratio} |")
     rows += ["", "Configs:", ""] + [f"- `{name}`: {CONFIGS[name][4]}" for name in results]
     return rows
 
@@ -569,6 +588,8 @@ def main(argv: list[str] | None = None) -> None:
     learn.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     learn.add_argument("--repeats", type=int, default=3)
     learn.add_argument("--seed", type=int, default=0)
+    learn.add_argument("--core", type=int, default=default_core(),
+                       help="the CPU core every run is pinned to (default: the highest this process may use)")
     collect = commands.add_parser("collect", help="collection steps/s, SB3's loop against the lean loop")
     collect.add_argument("--envs", nargs="+", default=["Hopper-v5", "HalfCheetah-v5"])
     collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])

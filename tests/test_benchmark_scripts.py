@@ -61,13 +61,22 @@ def test_learn_runs_set_their_configs_environment_and_no_other(monkeypatch) -> N
     assert e2e.run_environment("atari_pong")["OMP_NUM_THREADS"] == "1"
 
 
-def test_learn_table_reports_page_faults_and_ratios() -> None:
+def test_learn_runs_are_pinned_to_one_core() -> None:
     e2e = _end_to_end_module()
-    run = {"steps": 1000, "wall_s": 2.0, "collect_s": 0.5, "update_s": 1.5, "page_faults": 3000}
-    faster = {**run, "wall_s": 1.0, "page_faults": 1000}
-    old = {k: v for k, v in run.items() if k != "page_faults"}  # a run recorded before page faults were
+    core = e2e.default_core()
+    assert core in os.sched_getaffinity(0)
+    done = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                          capture_output=True, text=True, timeout=60, preexec_fn=e2e.pin_to(core))
+    assert done.stdout.strip() == f"[{core}]", done.stdout
+
+
+def test_learn_table_reports_page_faults_cpu_share_and_ratios() -> None:
+    e2e = _end_to_end_module()
+    run = {"steps": 1000, "wall_s": 2.0, "collect_s": 0.5, "update_s": 1.5, "page_faults": 3000, "cpu_s": 1.9}
+    faster = {**run, "wall_s": 1.0, "page_faults": 1000, "cpu_s": 1.0}
+    old = {k: v for k, v in run.items() if k not in ("page_faults", "cpu_s")}  # a run recorded before either was
     rows = e2e.learn_table({"atari_pong": {"sb3_ppo": [run], "scalable_ppo": [faster]},
                             "atari_pong_thp": {"sb3_ppo": [old], "scalable_ppo": [old]}})
-    assert "| atari_pong | sb3_ppo | 500 | 0.50 | 1.50 | 3 | 1 |" in rows
-    assert "| atari_pong | scalable_ppo | 1000 | 0.50 | 1.50 | 1 | 2.00x [2.00, 2.00] |" in rows
-    assert "| atari_pong_thp | scalable_ppo | 500 | 0.50 | 1.50 | n/a | 1.00x [1.00, 1.00] |" in rows
+    assert "| atari_pong | sb3_ppo | 500 | 0.50 | 1.50 | 3 | 0.95 | 1 |" in rows
+    assert "| atari_pong | scalable_ppo | 1000 | 0.50 | 1.50 | 1 | 1.00 | 2.00x [2.00, 2.00] |" in rows
+    assert "| atari_pong_thp | scalable_ppo | 500 | 0.50 | 1.50 | n/a | n/a | 1.00x [1.00, 1.00] |" in rows
