@@ -204,8 +204,8 @@ def _minor_page_faults() -> int:
 
 
 def run_environment(config: str) -> dict[str, str]:
-    """The environment of one run of ``config``: one torch (and XLA) thread, and its :data:`PROCESS_ENV` settings,
-    none of another config's (whatever this shell has set)."""
+    """The environment of one run of ``config``: one torch thread, XLA's Eigen single-threaded, and its
+    :data:`PROCESS_ENV` settings, none of another config's (whatever this shell has set)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
     for name in {key for values in PROCESS_ENV.values() for key in values}:
@@ -602,6 +602,9 @@ def main(argv: list[str] | None = None) -> None:
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.command == "learn" and args.core not in os.sched_getaffinity(0):
+        parser.error(f"--core must be one of the cores this process may use, {sorted(os.sched_getaffinity(0))}, "
+                     f"got {args.core}")
     _filter_known_warnings()
     {"learn": learn_command, "collect": collect_command, "profile": profile_command}[args.command](args, argv)
 
