@@ -218,13 +218,22 @@ def default_core() -> int:
     return max(os.sched_getaffinity(0))
 
 
-def pin_to(core: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that pins the new process, so every thread it starts, to CPU core ``core``."""
-    return lambda: os.sched_setaffinity(0, {core})
+def pin_to(core: int | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that pins the new process, so every thread it starts, to CPU core ``core`` (None: no pin)."""
+    return None if core is None else lambda: os.sched_setaffinity(0, {core})
 
 
-def _run_subprocess(algo: str, config: str, seed: int, core: int) -> dict[str, float]:
-    """One run of :func:`run_once` in a fresh process pinned to CPU core ``core``."""
+def _core_argument(text: str) -> int | None:
+    """``--core``: a core number, or ``none`` for unpinned runs (to see how many cores each algorithm takes)."""
+    if text == "none":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a core number or 'none', got {text!r}")
+    return int(text)
+
+
+def _run_subprocess(algo: str, config: str, seed: int, core: int | None) -> dict[str, float]:
+    """One run of :func:`run_once` in a fresh process pinned to CPU core ``core`` (None: unpinned)."""
     done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=run_environment(config),
                           capture_output=True, text=True, timeout=1800, cwd=ROOT, preexec_fn=pin_to(core))
     if done.returncode != 0:
@@ -247,8 +256,10 @@ def learn_command(args: argparse.Namespace, argv: list[str]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "learn.json").write_text(json.dumps(results, indent=1))
     rows = learn_table(results)
-    note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one torch thread, every "
-            f"process pinned to CPU core {args.core} (all its threads); median over "
+    pinning = (f"every process pinned to CPU core {args.core} (all its threads)" if args.core is not None
+               else "processes NOT pinned (each may use every core)")
+    note = ("`learn()` steps/s after one untimed warm-up rollout, one process per run, one torch thread, "
+            f"{pinning}; median over "
             f"{args.repeats} alternating repeats. collect / update: seconds per 1000 env steps in each phase. "
             "page faults: minor page faults of the timed part, per env step. CPU / wall: the process's CPU time "
             "(all threads) over the wall time of the timed part (at most 1 on one core; below 1 where it waited). "
@@ -588,8 +599,9 @@ def main(argv: list[str] | None = None) -> None:
     learn.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     learn.add_argument("--repeats", type=int, default=3)
     learn.add_argument("--seed", type=int, default=0)
-    learn.add_argument("--core", type=int, default=default_core(),
-                       help="the CPU core every run is pinned to (default: the highest this process may use)")
+    learn.add_argument("--core", type=_core_argument, default=default_core(),
+                       help="the CPU core every run is pinned to (default: the highest this process may use); 'none' "
+                            "runs unpinned, to see in the CPU / wall column how many cores each algorithm takes")
     collect = commands.add_parser("collect", help="collection steps/s, SB3's loop against the lean loop")
     collect.add_argument("--envs", nargs="+", default=["Hopper-v5", "HalfCheetah-v5"])
     collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])
@@ -602,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.command == "learn" and args.core not in os.sched_getaffinity(0):
+    if args.command == "learn" and args.core is not None and args.core not in os.sched_getaffinity(0):
         parser.error(f"--core must be one of the cores this process may use, {sorted(os.sched_getaffinity(0))}, "
                      f"got {args.core}")
     _filter_known_warnings()

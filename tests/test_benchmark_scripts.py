@@ -68,6 +68,7 @@ def test_learn_runs_are_pinned_to_one_core() -> None:
     done = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                           capture_output=True, text=True, timeout=60, preexec_fn=e2e.pin_to(core))
     assert done.stdout.strip() == f"[{core}]", done.stdout
+    assert e2e.pin_to(None) is None and e2e._core_argument("none") is None and e2e._core_argument("1") == 1
 
 
 def test_learn_table_reports_page_faults_cpu_share_and_ratios() -> None:
