@@ -137,6 +137,22 @@ def test_split_and_stars_rules() -> None:
     assert verdict(2, [0, 0]) == verdict(2, []) == "not distinguishable from noise"
 
 
+def test_equal_values_are_refused_on_every_cpu() -> None:
+    """fANOVA's own zero-variance check depends on float rounding (it raised on the CI box and ranked rounding noise
+    as 0.85 / 0.15 on another), so equal values are refused before any evaluator runs."""
+    from optuna.distributions import FloatDistribution
+    from sb3_ppo_scale.tuning.importance import EVALUATORS, importances
+
+    space = {"clip_range": FloatDistribution(0.1, 0.3), "gae_lambda": FloatDistribution(0.9, 0.99)}
+    trials = [optuna.trial.create_trial(params={"clip_range": 0.1 + 0.04 * i, "gae_lambda": 0.9 + 0.015 * i},
+                                        distributions=space, value=-735.443117) for i in range(5)]
+    for evaluator in EVALUATORS:
+        with pytest.raises(ValueError, match=f"{evaluator}: every trial has the same value .-735.443117."):
+            importances(trials, list(space), evaluator)
+    trials[2] = optuna.trial.create_trial(params=trials[2].params, distributions=space, value=-700.0)
+    assert all(sum(importances(trials, list(space), e).values()) > 0 for e in EVALUATORS)
+
+
 def test_noise_floor_and_star_stability_rules() -> None:
     from sb3_ppo_scale.tuning.importance import Stability
     from sb3_ppo_scale.tuning.verdicts import rate

@@ -118,8 +118,8 @@ def _tiny_spec(name: str, tmp_path: Path, seed: int) -> Any:
     return spec_from_dict({
         "name": name,
         "envs": ["Pendulum-v1"],
-        "timesteps": 64,
-        "evaluation": {"eval_freq": 64, "n_episodes": 1},
+        "timesteps": 128,  # two rollouts, evaluated after the first update: the parameters change the values
+        "evaluation": {"eval_freq": 128, "n_episodes": 1},
         "base": {"n_steps": 32, "n_envs": 2, "n_epochs": 1, "policy_kwargs": {"net_arch": [8]}},
         "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},
                   "gae_lambda": {"type": "float", "low": 0.9, "high": 0.99}},
@@ -136,13 +136,14 @@ def test_connections_do_not_grow_with_trials_reports_or_resumed_studies(postgres
     assert tune(spec, n_trials=5, storage=postgres_url) == 0  # N = 4 more trials in this process
     after_trials = _client_connections(postgres_url)
     for m in range(3):  # M = 3 reports
-        assert report_command(postgres_url, tmp_path / f"report{m}", n_bootstrap=0) == 0
+        assert report_command(postgres_url, tmp_path / f"report{m}", studies=["conn:Pendulum-v1"], n_bootstrap=0) == 0
     after_reports = _client_connections(postgres_url)
     assert tune(spec, n_trials=5, storage=postgres_url) == 0  # resumed: nothing left to run
     assert (after_trials, after_reports, _client_connections(postgres_url)) == (base, base, base)
     storage_module.close_storages()
     assert _client_connections(postgres_url) == 0  # disposed: the connections are closed, not left to the GC
-    assert len(optuna.load_study(study_name="conn:Pendulum-v1", storage=open_storage(postgres_url)).trials) == 5
+    trials = optuna.load_study(study_name="conn:Pendulum-v1", storage=open_storage(postgres_url)).trials
+    assert len(trials) == 5 and len({t.value for t in trials}) > 1  # the report ranked real differences
 
 
 def test_eight_workers_complete_every_trial_on_a_server_with_few_connections(tmp_path: Path) -> None:
@@ -158,9 +159,9 @@ def test_eight_workers_complete_every_trial_on_a_server_with_few_connections(tmp
 def test_study_on_postgres_with_two_workers(postgres_url: str, tmp_path: Path) -> None:
     spec = spec_from_dict({
         "name": "pg",
-        "envs": ["Pendulum-v1"],  # continuous returns: every trial has a different value
-        "timesteps": 128,
-        "evaluation": {"eval_freq": 128, "n_episodes": 1},
+        "envs": ["Pendulum-v1"],
+        "timesteps": 256,  # two rollouts, evaluated after the first update: the parameters change the values
+        "evaluation": {"eval_freq": 256, "n_episodes": 1},
         "base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [16]}},
         "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},
                   "gae_lambda": {"type": "float", "low": 0.9, "high": 0.99},
@@ -177,10 +178,12 @@ def test_study_on_postgres_with_two_workers(postgres_url: str, tmp_path: Path) -
     assert sorted(t.number for t in trials) == list(range(5))
     assert len({t.user_attrs[WORKER_ATTR] for t in trials}) == 2
     assert len({(t.params["clip_range"], t.params["gae_lambda"]) for t in trials}) == 5  # workers drew distinct points
+    assert len({t.value for t in trials}) > 1
     # Resuming against the database runs nothing more; the report reads the study straight from the URL.
     assert tune(spec, n_trials=5, workers=2, storage=postgres_url) == 0
     assert len(optuna.load_study(study_name="pg:Pendulum-v1", storage=storage).get_trials()) == 5
-    assert report_command(postgres_url, tmp_path / "report", n_bootstrap=0) == 0
+    # the module's server holds the other tests' studies too (their order is pytest-xdist's): report this one
+    assert report_command(postgres_url, tmp_path / "report", studies=["pg:Pendulum-v1"], n_bootstrap=0) == 0
     assert "| clip epsilon" in (tmp_path / "report" / "report.md").read_text()
     assert tmp_path.joinpath("unused").exists() is False
 

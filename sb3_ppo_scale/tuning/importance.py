@@ -70,8 +70,13 @@ def _as_study(trials: list[FrozenTrial]) -> optuna.Study:
 def importances(trials: list[FrozenTrial], params: list[str], evaluator: str) -> dict[str, float]:
     """Normalised importance of ``params`` (Optuna names) over ``trials`` (higher value = better).
 
-    Raises ValueError when the trials cannot separate the parameters (e.g. every value equal).
+    Raises ValueError when the trials cannot separate the parameters: every value equal (checked here, because
+    fANOVA's own check compares a float-rounded variance with 0 and so raises on one CPU and ranks rounding noise on
+    another), or an evaluator that finds nothing to rank.
     """
+    if len({float(t.value) for t in trials}) < 2:  # type: ignore[arg-type]
+        raise ValueError(f"{evaluator}: every trial has the same value ({trials[0].value if trials else None}), "
+                         "so no parameter changed the result")
     study = _as_study(trials)
     target = (lambda t: -float(t.value)) if evaluator == "ped_anova" else None  # PED-ANOVA minimises its target
     with warnings.catch_warnings():
