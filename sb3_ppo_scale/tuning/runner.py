@@ -27,6 +27,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
+from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
@@ -165,7 +166,9 @@ def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total:
                threads: int = DEFAULT_THREADS) -> None:
     """One worker: run up to ``n_trials`` trials with ``threads`` torch threads, stop early once the study holds
     ``total`` counted trials. SIGTERM/SIGINT fail the running trial, re-queue it and exit with code 75
-    (:mod:`sb3_ppo_scale.tuning.preemption`)."""
+    (:mod:`sb3_ppo_scale.tuning.preemption`). MuJoCo's known deprecation messages are dropped here as in the CLI
+    (:func:`~sb3_ppo_scale.envs.known_warnings.filter_known_warnings`): a spawned worker does not inherit the handler."""
+    filter_known_warnings()
     set_threads(threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=spec.study_name(env_id), storage=open_storage(storage),
