@@ -30,6 +30,7 @@ def test_known_mujoco_warning_is_dropped_and_others_are_printed() -> None:
 
 
 TUNE = """
+import sys
 from sb3_ppo_scale.tuning import spec_from_dict
 from sb3_ppo_scale.tuning.runner import tune
 spec = spec_from_dict({"name": "warn", "envs": ["HalfCheetah-v5"], "timesteps": 64,
@@ -43,7 +44,7 @@ assert tune(spec, n_trials=2, workers=2, storage="sqlite:///" + sys.argv[1] + "/
 
 def test_tune_workers_drop_the_known_warning(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Spawned tune workers install the filter themselves (they do not inherit the CLI's handler)."""
-    done = subprocess.run([sys.executable, "-c", "import sys\n" + TUNE, str(tmp_path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", TUNE, str(tmp_path)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "trial    1 COMPLETE" in done.stdout + done.stderr and "settotalmass" not in done.stderr
