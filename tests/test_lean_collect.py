@@ -225,3 +225,18 @@ def test_learn_equals_scalable_ppo_on_sb3_loop(kwargs: dict[str, Any], monkeypat
     reference = train_one(ScalablePPO, lambda: _vec("Pendulum-v1", n_envs=2), 3 * 128, "MlpPolicy", "cpu", **common)
     assert_identical(reference, lean)
     assert_same_state(lean._last_obs, reference._last_obs, "_last_obs")
+
+
+@pytest.mark.parametrize("obs", [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((1, 4, 4, 3), np.uint8),
+                                 np.array([[True, False]])])
+def test_observation_tensor_is_obs_as_tensor(obs: np.ndarray) -> None:
+    """On the CPU, torch.from_numpy: the same values, dtype and shared memory as obs_as_tensor's torch.as_tensor."""
+    from stable_baselines3.common.utils import obs_as_tensor
+
+    from sb3_ppo_scale.core.lean_collect import observation_tensor
+
+    ours, reference = observation_tensor(obs, th.device("cpu")), obs_as_tensor(obs, th.device("cpu"))
+    assert ours.dtype == reference.dtype and th.equal(ours, reference)
+    assert ours.data_ptr() == reference.data_ptr() == obs.ctypes.data
+    as_dict = observation_tensor({"a": obs}, th.device("cpu"))
+    assert th.equal(as_dict["a"], reference)

@@ -151,3 +151,41 @@ def test_other_dtypes_update_through_running_mean_std() -> None:
     update_running_moments(ours, batch)
     reference.update(batch)
     assert_same_state([ours.mean, ours.var, ours.count], [reference.mean, reference.var, reference.count])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (1, 4)])
+def test_one_row_moments_with_non_finite_values(dtype: type, shape: tuple[int, ...]) -> None:
+    """One env: the shortcut (row, (row - row) ** 2) is NumPy's mean and var for inf and nan too."""
+    values = np.array([np.inf, -np.inf, np.nan, -0.0])[: int(np.prod(shape))] if len(shape) > 1 else np.array([np.inf])
+    batch = values.reshape(shape).astype(dtype)
+    with np.errstate(invalid="ignore"):
+        mean, var = batch_moments(batch)
+        expected = np.mean(batch, axis=0), np.var(batch, axis=0)
+    for ours, reference in zip((mean, var), expected):
+        _assert_same_bits(ours, reference)
+
+
+def _assert_same_bits(ours: Any, reference: Any) -> None:
+    """Same type, dtype, shape and bytes (nan, inf and the sign of zero included)."""
+    assert type(ours) is type(reference) and ours.dtype == reference.dtype and ours.shape == reference.shape
+    assert np.asarray(ours).tobytes() == np.asarray(reference).tobytes()
+
+
+@pytest.mark.parametrize("values, low, high", [
+    (np.array([[-3.0, 0.5, 7.0]], dtype=np.float32), np.full(3, -1, np.float32), np.full(3, 1, np.float32)),
+    (np.array([-3.0, 0.5, np.nan, np.inf]), -1.0, 1.0),
+    (np.array([[-3.0, 0.5]], dtype=np.float32), -10.0, 10.0),
+    (np.array([-3, 5, 9]), 0, 4),  # integers: np.clip itself
+    (np.array([-3.0, 5.0]), None, 4.0),  # one bound: np.clip itself
+])
+def test_clip_is_np_clip(values: np.ndarray, low: Any, high: Any) -> None:
+    from sb3_ppo_scale.core.lean_step import clip
+
+    _assert_same_bits(clip(values, low, high), np.clip(values, low, high))
+
+
+def test_replaced_normalize_obs_steps_itself() -> None:
+    env = VecNormalize(_dummy("Pendulum-v1", 1))
+    env._normalize_obs = env._normalize_obs  # type: ignore[method-assign]
+    assert vec_env_step(env) == env.step

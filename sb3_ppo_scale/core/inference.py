@@ -155,7 +155,8 @@ class GaussianSampler(ActionSampler):
         in place: the actions are ``noise``); the scale must be prepared for ``len(mean_actions)`` rows."""
         # what th.normal(mean, scale) computes (standard normal draws, * scale, + mean), without its std >= 0 check
         actions = noise.mul_(self.scale).add_(mean_actions)
-        log_prob = -((actions - mean_actions) ** 2) / self.two_var - self.log_scale - _LOG_SQRT_2PI
+        # Normal.log_prob: -((value - loc) ** 2) / (2 * var) - log(scale) - log(sqrt(2 pi)), op for op, in place
+        log_prob = (actions - mean_actions).pow_(2).neg_().div_(self.two_var).sub_(self.log_scale).sub_(_LOG_SQRT_2PI)
         return actions, log_prob.sum(dim=1)
 
 
@@ -326,4 +327,6 @@ class FusedActorCritic:
             actions, log_prob = self.sampler(mean_actions, latent_pi)
         else:
             actions, log_prob = self.sampler(mean_actions, latent_pi, action_masks)  # type: ignore[call-arg]
-        return actions.reshape((-1, *self.action_shape)), log_prob
+        if actions.shape[1:] != self.action_shape:
+            actions = actions.reshape((-1, *self.action_shape))
+        return actions, log_prob

@@ -10,6 +10,9 @@ number as it was:
 - the time-limit bootstrap visits only the envs whose episode ended (``np.flatnonzero(dones)``), not every env;
 - SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.lean_step.vec_env_step`
   (their statements, leaner copies and moments; any other VecEnv by its own ``step``);
+- an observation array on the CPU becomes a tensor by ``torch.from_numpy`` (what ``obs_as_tensor``'s
+  ``torch.as_tensor`` returns there: a tensor sharing the array's memory), and actions are clipped by the ufunc
+  ``np.clip`` calls (:func:`~sb3_ppo_scale.core.lean_step.clip`);
 - on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
   (:func:`to_host`); callbacks still see the device tensors SB3's loop has; with ``cuda_graphs=True`` the policy
   call is replayed from a CUDA graph (:mod:`sb3_ppo_scale.core.inference_graph`);
@@ -44,7 +47,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.core.inference import fusion_blocker
 from sb3_ppo_scale.core.inference_graph import collection_step
-from sb3_ppo_scale.core.lean_step import vec_env_step
+from sb3_ppo_scale.core.lean_step import clip, vec_env_step
 
 
 def lean_blocker(model: OnPolicyAlgorithm) -> str | None:
@@ -68,6 +71,14 @@ def to_host(*tensors: th.Tensor) -> tuple[th.Tensor, ...]:
     host = tuple(t.to("cpu", non_blocking=True) for t in tensors)
     th.cuda.current_stream(tensors[0].device).synchronize()
     return host
+
+
+def observation_tensor(obs: np.ndarray | dict[str, np.ndarray], device: th.device) -> th.Tensor | dict[str, th.Tensor]:
+    """``obs_as_tensor(obs, device)``: for an array and a CPU device, ``torch.from_numpy`` (the tensor sharing the
+    array's memory that ``torch.as_tensor`` returns there), at a third of its cost."""
+    if type(obs) is np.ndarray and device.type == "cpu":
+        return th.from_numpy(obs)
+    return obs_as_tensor(obs, device)
 
 
 def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
@@ -127,13 +138,14 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
     squash = box and self.policy.squash_output
     low, high = (self.action_space.low, self.action_space.high) if box else (None, None)
     action_masks = None
+    no_autograd = th.inference_mode()  # one context manager object, entered once per step
 
     while n_steps < n_rollout_steps:
         if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
             self.policy.reset_noise(env.num_envs)
 
-        with th.inference_mode():
-            obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+        with no_autograd:
+            obs_tensor = observation_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
             if action_masks_of is not None:
                 action_masks = action_masks_of(env)
             actions, values, log_probs = act(obs_tensor, action_masks)
@@ -142,7 +154,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
 
         clipped_actions = actions
         if box:
-            clipped_actions = self.policy.unscale_action(clipped_actions) if squash else np.clip(actions, low, high)
+            clipped_actions = self.policy.unscale_action(clipped_actions) if squash else clip(actions, low, high)
 
         new_obs, rewards, dones, infos = step(clipped_actions)
 

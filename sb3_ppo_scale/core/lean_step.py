@@ -11,7 +11,10 @@ wrap (benchmarks/results/end_to_end/profile.md). Most of it is generic machinery
 three changes that leave every value, dtype and side effect as they were:
 
 - :func:`batch_moments` makes NumPy's own ufunc calls of ``np.mean(a, axis=0)`` and ``np.var(a, axis=0)``, in its
-  order (checked against NumPy once per process and dtype: :func:`batch_moments_are_numpys`);
+  order, and for a batch of one row (one env) the three of them whose results are not the row itself and
+  ``(row - row) ** 2`` (a division by 1 is exact); checked against NumPy once per process and dtype
+  (:func:`batch_moments_are_numpys`);
+- ``np.clip`` of a float array between two bounds is the ``clip`` ufunc NumPy's ``_clip`` calls (:func:`clip`);
 - the observation is copied with ``ndarray.copy(order="K")``, which is what ``deepcopy`` of the one-array dict
   ``DummyVecEnv`` keeps does; info dicts whose values are all immutable scalars are copied with ``dict()`` (a deep
   copy of an immutable value is the value), the others with ``deepcopy`` and one memo for the whole list, as
@@ -38,13 +41,19 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
 
+try:  # the ufunc np.clip ends in on NumPy 2 (numpy/_core/_methods.py: _clip)
+    from numpy._core.umath import clip as _clip_ufunc
+except ImportError:  # pragma: no cover - NumPy 1.x: np.clip itself
+    _clip_ufunc = None
+
 VecStep = Callable[[np.ndarray], VecEnvStepReturn]
 #: Info value types copied by reference (exact types: a subclass may carry mutable state): a deep copy of one of
 #: these is the value itself, or an equal new scalar.
 IMMUTABLE_SCALARS = frozenset({bool, int, float, str, type(None), *(np.dtype(code).type for code in "?bBhHiIlLqQefdg")})
 #: Observation dtypes :func:`batch_moments` handles (others go through ``RunningMeanStd.update``).
 MOMENT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_STEP_METHODS = ("step", "step_async", "step_wait")
+#: Methods the lean step replaces: an instance with any of them set on itself is stepped by its own ``step``.
+_REPLACED_METHODS = ("step", "step_async", "step_wait", "_normalize_obs", "normalize_reward")
 
 
 def vec_env_step(env: VecEnv) -> VecStep:
@@ -71,8 +80,8 @@ def _async_then_wait(env: VecEnv, actions: np.ndarray) -> VecEnvStepReturn:
 
 
 def _is_exact(env: VecEnv, cls: type) -> bool:
-    """``env`` is an instance of ``cls`` itself (not a subclass) whose step methods are the class's."""
-    return type(env) is cls and not any(name in vars(env) for name in _STEP_METHODS)
+    """``env`` is an instance of ``cls`` itself (not a subclass) whose step and normalising methods are the class's."""
+    return type(env) is cls and not any(name in vars(env) for name in _REPLACED_METHODS)
 
 
 def _dummy_vec_env_step(env: DummyVecEnv, actions: np.ndarray) -> VecEnvStepReturn:
@@ -107,18 +116,31 @@ def _vec_normalize_step(env: VecNormalize, inner: VecStep, actions: np.ndarray) 
     if env.training and env.norm_obs:
         update_running_moments(env.obs_rms, obs)
     if env.norm_obs:  # normalize_obs without its deepcopy of the array it then replaces
-        normalized = env._normalize_obs(obs, env.obs_rms).astype(np.float32)  # type: ignore[arg-type]
+        rms = env.obs_rms
+        normalized = clip((obs - rms.mean) / np.sqrt(rms.var + env.epsilon), -env.clip_obs, env.clip_obs)  # type: ignore[union-attr]
+        normalized = normalized.astype(np.float32)
     else:
         normalized = env.normalize_obs(obs)
     if env.training:
         env.returns = env.returns * env.gamma + rewards
         update_running_moments(env.ret_rms, env.returns)
-    rewards = env.normalize_reward(rewards)
-    for idx in np.flatnonzero(dones):
+    if env.norm_reward:  # normalize_reward
+        rewards = clip(rewards / np.sqrt(env.ret_rms.var + env.epsilon), -env.clip_reward, env.clip_reward)
+    rewards = rewards.astype(np.float32)
+    for idx in dones.nonzero()[0]:
         if "terminal_observation" in infos[idx]:
             infos[idx]["terminal_observation"] = env.normalize_obs(infos[idx]["terminal_observation"])
     env.returns[dones] = 0
     return normalized, rewards, dones, infos
+
+
+def clip(values: np.ndarray, low: Any, high: Any) -> np.ndarray:
+    """``np.clip(values, low, high)``: for a float ndarray and two bounds that are not None, the ufunc call NumPy's
+    ``_clip`` makes; ``np.clip`` itself otherwise."""
+    if _clip_ufunc is not None and type(values) is np.ndarray and values.dtype.kind == "f" \
+            and low is not None and high is not None:
+        return _clip_ufunc(values, low, high)
+    return np.clip(values, low, high)
 
 
 def update_running_moments(rms: RunningMeanStd, batch: np.ndarray) -> None:
@@ -133,6 +155,10 @@ def update_running_moments(rms: RunningMeanStd, batch: np.ndarray) -> None:
 def batch_moments(batch: np.ndarray) -> tuple[np.ndarray | np.generic, np.ndarray | np.generic]:
     """``(np.mean(batch, axis=0), np.var(batch, axis=0))`` for a float32 or float64 array: the ufunc calls NumPy's
     ``_mean`` and ``_var`` make (numpy/_core/_methods.py), without the argument handling around them."""
+    if batch.shape[0] == 1:  # mean: the row (divided by 1); var: (row - row / 1) ** 2 summed over one row, / 1
+        row = np.add.reduce(batch, 0)
+        deviation = np.subtract(row, row)
+        return row, np.square(deviation, out=deviation) if isinstance(deviation, np.ndarray) else np.square(deviation)
     count = np.intp(batch.shape[0])
     mean = _divide(np.add.reduce(batch, 0), count)
     centre = np.add.reduce(batch, 0, keepdims=True)
