@@ -472,13 +472,22 @@ def _ratio_text(baseline: list[float], other: list[float]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- profile
-def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
-    for _ in range(min(100, calls)):
-        fn()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+def _interleaved_us(parts: dict[str, Callable[[], Any]], calls: int, rounds: int = 30) -> dict[str, float]:
+    """Microseconds per call of each function: ``rounds`` rounds, each calling every function ``calls // rounds``
+    times in turn (so a box that slows down or speeds up affects every part alike); the median over rounds of each
+    round's mean."""
+    per_round = max(1, calls // rounds)
+    for fn in parts.values():  # warm-up
+        for _ in range(min(100, per_round)):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in parts}
+    for _ in range(rounds):
+        for name, fn in parts.items():
+            start = time.perf_counter()
+            for _ in range(per_round):
+                fn()
+            samples[name].append((time.perf_counter() - start) / per_round * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
@@ -495,33 +504,45 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     obs = obs_as_tensor(model._last_obs, "cpu")
     fused = FusedActorCritic(model.policy)
     model.policy.set_training_mode(False)
-    with th.no_grad():
-        sb3_policy = _per_call_us(lambda: model.policy(obs), args.calls)
-    with th.inference_mode():
-        fused_policy = _per_call_us(lambda: fused(obs), args.calls)
     wrapped = env.venv.envs[0]
-    parts = {"physics (`do_simulation`, MuJoCo)": _per_call_us(lambda: inner.do_simulation(action[0], inner.frame_skip),
-                                                               args.calls)}
     wrapped.reset(seed=args.seed)
-    parts["one env's `step` through gymnasium's wrappers and Monitor"] = _per_call_us(lambda: _step_or_reset(wrapped, action[0]), args.calls)
-    parts["DummyVecEnv `step`"] = _per_call_us(lambda: env.venv.step(action), args.calls)
-    parts["VecNormalize(DummyVecEnv) `step`"] = _per_call_us(lambda: env.step(action), args.calls)
     lean_step = vec_env_step(env)
-    parts["VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)"] = _per_call_us(lambda: lean_step(action),
-                                                                                            args.calls)
-    parts["SB3's `policy(obs)`"] = sb3_policy
-    parts["fused policy step (`FusedActorCritic`)"] = fused_policy
+
+    def sb3_policy() -> None:  # as SB3's loop calls it
+        with th.no_grad():
+            model.policy(obs)
+
+    def fused_policy() -> None:  # as the lean loop calls it
+        with th.inference_mode():
+            fused(obs)
+
+    parts = _interleaved_us({
+        "physics (`do_simulation`, MuJoCo)": lambda: inner.do_simulation(action[0], inner.frame_skip),
+        "one env's `step` through gymnasium's wrappers and Monitor": lambda: _step_or_reset(wrapped, action[0]),
+        "DummyVecEnv `step`": lambda: env.venv.step(action),
+        "VecNormalize(DummyVecEnv) `step`": lambda: env.step(action),
+        "VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)": lambda: lean_step(action),
+        "SB3's `policy(obs)`": sb3_policy,
+        "fused policy step (`FusedActorCritic`)": fused_policy,
+    }, args.calls)
+    fused_policy_us = parts["fused policy step (`FusedActorCritic`)"]
     steps = model.n_steps
-    for name, collect in (("SB3's loop", OnPolicyAlgorithm.collect_rollouts), ("lean loop", collect_rollouts_lean)):
-        collect(model, env, callback, model.rollout_buffer, steps)
-        start = time.perf_counter()
-        collect(model, env, callback, model.rollout_buffer, steps)
-        parts[f"one collection step, {name}"] = (time.perf_counter() - start) / steps * 1e6
-    inside = _lean_step_inside(model, callback)
+    loops = {"SB3's loop": OnPolicyAlgorithm.collect_rollouts, "lean loop": collect_rollouts_lean}
+    rollout_us: dict[str, list[float]] = {name: [] for name in loops}
+    for repeat in range(args.rollouts + 1):  # alternating rollouts; the first pair warms up, untimed
+        for name, collect in (loops.items() if repeat % 2 else list(loops.items())[::-1]):
+            start = time.perf_counter()
+            collect(model, env, callback, model.rollout_buffer, steps)
+            if repeat:
+                rollout_us[name].append((time.perf_counter() - start) / steps * 1e6)
+    for name, values in rollout_us.items():
+        parts[f"one collection step, {name}"] = statistics.median(values)
+    insides = [_lean_step_inside(model, callback) for _ in range(3)]
+    inside = {key: statistics.median(run[key] for run in insides) for key in insides[0]}
     physics = parts["physics (`do_simulation`, MuJoCo)"]
     rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
-    rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within one rollout): the env's "
+    rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within a rollout, median of 3): the env's "
              f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
              f"wrappers, Monitor, DummyVecEnv, VecNormalize (stepped by `vec_env_step`), resets), the fused policy "
              f"step {inside['policy']:.0f} us, "
@@ -529,11 +550,53 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
              f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
              "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
              "Distribution objects."]
+    floor = parts["VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)"] + fused_policy_us
+    sb3_step = parts["one collection step, SB3's loop"]
+    rows += ["", f"The ceiling of a bit-identical loop: with a loop around them that cost nothing, a step would still be "
+             f"the lean env step and the fused policy step, {floor:.0f} us, so collection could run at most "
+             f"{sb3_step / floor:.2f}x SB3's loop ({sb3_step:.0f} us); it runs at "
+             f"{sb3_step / parts['one collection step, lean loop']:.2f}x here. Twice SB3's speed needs a step of "
+             f"{sb3_step / 2:.0f} us."]
+    if args.update_configs:
+        rows += ["", *_update_split_rows(args.update_configs, args.seed)]
     note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread; "
-            f"microseconds per call, mean over {args.calls} calls (a collection step: one rollout of {steps} steps).")
+            f"microseconds per call: {args.calls} calls of each part in 30 interleaved rounds, the median of the "
+            f"rounds' means; a collection step: the median over {args.rollouts} alternating rollouts of {steps} steps "
+            "per loop; inside a lean step: the median of 3 rollouts.")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.md").write_text("\n".join(header("One collection step, taken apart", argv, note) + rows) + "\n")
     print("\n".join(rows))
+
+
+def _update_split_rows(configs: list[str], seed: int) -> list[str]:
+    """The update phase per 1k env steps at each ``config`` (one timed ``train()`` after a warm-up one, on one
+    collected rollout), SB3 PPO against ScalablePPO, and the share of ScalablePPO's update spent in matrix
+    multiplications (``aten::mm``/``aten::addmm`` self time over all self time, under torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = ["| config | algorithm | update s / 1k env steps | matmul share (profiled) | matmul s / 1k env steps |",
+            "|---|---|---:|---:|---:|"]
+    for config in configs:
+        for algo in algos_for(config, ["sb3_ppo", "scalable_ppo"]):
+            model = build_model(algo, config, seed)
+            _, callback = model._setup_learn(model.n_steps * model.n_envs, None)
+            callback.init_callback(model)
+            model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+            model.train()  # warm-up (compile_loss compiles here)
+            start = time.perf_counter()
+            model.train()
+            seconds = time.perf_counter() - start
+            with profile(activities=[ProfilerActivity.CPU]) as profiled:
+                model.train()
+            events = profiled.key_averages()
+            matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm"))
+            share = matmul / sum(e.self_cpu_time_total for e in events)
+            per_1k = 1000 / (model.n_steps * model.n_envs)
+            rows.append(f"| {config} | {algo} | {seconds * per_1k:.3f} | {share:.0%} | {share * seconds * per_1k:.3f} |")
+            print(rows[-1], flush=True)
+    return rows + ["", "matmul s: the update's time times the profiled share, what it would take if everything but the "
+                   "matrix multiplications (the same kernels with any setting) cost nothing. The profiler slows the "
+                   "small ops more than the matmuls, so the share is a lower bound."]
 
 
 class _TimedEnv:
@@ -613,6 +676,10 @@ def main(argv: list[str] | None = None) -> None:
     profile.add_argument("--env", default="Hopper-v5")
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
+    profile.add_argument("--rollouts", type=int, default=5, help="timed rollouts per loop (default 5)")
+    profile.add_argument("--update-configs", nargs="*", choices=list(CONFIGS), default=["demo", "demo_compile"],
+                         help="configs whose update phase is split into matmuls and the rest (default: demo, "
+                              "demo_compile; none to skip)")
     args = parser.parse_args(argv)
     if args.command == "learn" and args.core is not None and args.core not in os.sched_getaffinity(0):
         parser.error(f"--core must be one of the cores this process may use, {sorted(os.sched_getaffinity(0))}, "
