@@ -299,7 +299,34 @@ def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[s
             rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {faults} | {cores} "
                         f"| {ratio} |")
     rows += ["", "Configs:", ""] + [f"- `{name}`: {CONFIGS[name][4]}" for name in results]
-    return rows
+    return rows + sbx_ahead_rows(results)
+
+
+def _median_of(runs: list[dict[str, float]], baseline: list[dict[str, float]] | None = None,
+               phase: str | None = None) -> float:
+    """Median steps/s ratio to ``baseline`` (same repeat), or with ``phase`` the median seconds per 1k env steps."""
+    if phase is not None:
+        return statistics.median(1000 * r[phase] / r["steps"] for r in runs)
+    return statistics.median((r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline or []))
+
+
+def sbx_ahead_rows(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
+    """Where SBX's PPO ran ahead of ScalablePPO (median ratios to SB3 PPO), and which phase made the difference."""
+    lines = []
+    for config, by_algo in results.items():
+        ours, sbx, baseline = by_algo.get("scalable_ppo"), by_algo.get("sbx_ppo"), _baseline_runs(results, config)
+        if not (ours and sbx and baseline) or _median_of(sbx, baseline) <= _median_of(ours, baseline):
+            continue
+        phases = {phase: (_median_of(sbx, phase=phase), _median_of(ours, phase=phase))
+                  for phase in ("collect_s", "update_s")}
+        sbx_faster = [f"{phase[:-2]} {theirs:.2f} s / 1k steps against ScalablePPO's {mine:.2f}"
+                  for phase, (theirs, mine) in phases.items() if theirs < mine]
+        lines.append(f"- `{config}`: SBX {_median_of(sbx, baseline):.2f}x, ScalablePPO {_median_of(ours, baseline):.2f}x; "
+                     f"SBX faster in: {'; '.join(sbx_faster) or 'neither phase alone (medians)'}.")
+    if not lines:
+        return ["", "SBX's PPO was not ahead of ScalablePPO at any config."]
+    return ["", "Where SBX's PPO ran ahead of ScalablePPO (its update is one compiled XLA program a minibatch; "
+            "ScalablePPO runs SB3's eager torch ops, to stay bit-identical):", ""] + lines
 
 
 def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path) -> None:
