@@ -323,6 +323,8 @@ def sbx_ahead_rows(results: dict[str, dict[str, list[dict[str, float]]]]) -> lis
                   for phase, (theirs, mine) in phases.items() if theirs < mine]
         lines.append(f"- `{config}`: SBX {_median_of(sbx, baseline):.2f}x, ScalablePPO {_median_of(ours, baseline):.2f}x; "
                      f"SBX faster in: {'; '.join(sbx_faster) or 'neither phase alone (medians)'}.")
+    if not any("sbx_ppo" in by_algo for by_algo in results.values()):
+        return []
     if not lines:
         return ["", "SBX's PPO was not ahead of ScalablePPO at any config."]
     return ["", "Where SBX's PPO ran ahead of ScalablePPO (its update is one compiled XLA program a minibatch; "

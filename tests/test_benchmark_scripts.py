@@ -21,11 +21,25 @@ def _run(out: Path, *args: str) -> str:
 
 
 def test_profile_takes_one_step_apart(tmp_path: Path) -> None:
-    _run(tmp_path, "profile", "--calls", "2")
+    _run(tmp_path, "profile", "--calls", "2", "--rollouts", "1", "--update-configs", "demo")
     table = (tmp_path / "profile.md").read_text()
     for row in ("VecNormalize(DummyVecEnv) `step`", "the lean loop's step (`vec_env_step`)", "fused policy step",
-                "one collection step, lean loop", "Inside a lean collection step"):
+                "one collection step, lean loop", "Inside a lean collection step", "The ceiling of a bit-identical loop",
+                "| demo | sb3_ppo |", "| demo | scalable_ppo |"):
         assert row in table
+
+
+def test_learn_table_says_where_sbx_ran_ahead_and_in_which_phase() -> None:
+    e2e = _end_to_end_module()
+    base = {"steps": 1000, "wall_s": 2.0, "collect_s": 0.8, "update_s": 1.2}
+    ours, sbx = {**base, "wall_s": 1.5, "update_s": 0.7}, {**base, "wall_s": 1.2, "collect_s": 0.9, "update_s": 0.3}
+    rows = e2e.learn_table({"envs16": {"sb3_ppo": [base], "scalable_ppo": [ours], "sbx_ppo": [sbx]},
+                            "demo": {"sb3_ppo": [base], "scalable_ppo": [sbx], "sbx_ppo": [ours]}})
+    ahead = [row for row in rows if row.startswith("- `envs16`: SBX")]
+    assert ahead == ["- `envs16`: SBX 1.67x, ScalablePPO 1.33x; SBX faster in: update 0.30 s / 1k steps against "
+                     "ScalablePPO's 0.70."]
+    assert not any(row.startswith("- `demo`: SBX") for row in rows)
+    assert not any("SBX" in row for row in e2e.learn_table({"demo": {"sb3_ppo": [base], "scalable_ppo": [ours]}}))
 
 
 def test_collect_checks_the_rollouts_it_times(tmp_path: Path) -> None:
