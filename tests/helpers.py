@@ -17,6 +17,7 @@ import pytest
 import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.envs import SimpleMultiObsEnv
 from stable_baselines3.common.logger import Logger, configure
 
 from sb3_ppo_scale import ScalablePPO
@@ -147,6 +148,14 @@ class HistoryLogger(Logger):
     def record(self, key: str, value: Any, exclude: Any = None) -> None:
         self.history.setdefault(key, []).append(value)
         super().record(key, value, exclude)
+
+
+def seeded_dict_env() -> SimpleMultiObsEnv:
+    """SB3's Dict-observation env, built from NumPy's global RNG seeded to 0: it draws its state images and vectors
+    from that RNG when it is built, so two runs compared in a test must build it from the same state (whatever
+    tests ran before in the same worker)."""
+    np.random.seed(0)
+    return SimpleMultiObsEnv(random_start=False)
 
 
 def train_pair(

@@ -17,12 +17,11 @@ from stable_baselines3.common.envs import (
     IdentityEnvBox,
     IdentityEnvMultiBinary,
     IdentityEnvMultiDiscrete,
-    SimpleMultiObsEnv,
 )
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize
 
 from sb3_ppo_scale import ScalablePPO
-from tests.helpers import ACCUMULATION_ATOL, assert_identical, assert_params_close, train_pair
+from tests.helpers import ACCUMULATION_ATOL, assert_identical, assert_params_close, seeded_dict_env, train_pair
 
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=2)
 
@@ -45,7 +44,7 @@ def test_action_spaces_match_ppo(space: str, grad_accum_steps: int) -> None:
 
 
 def test_dict_observations_match_ppo() -> None:
-    ppo, ours = train_pair(lambda: SimpleMultiObsEnv(random_start=False), 2 * 64, policy="MultiInputPolicy", **SMALL)
+    ppo, ours = train_pair(seeded_dict_env, 2 * 64, policy="MultiInputPolicy", **SMALL)
     assert_identical(ppo, ours)
 
 

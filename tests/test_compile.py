@@ -24,12 +24,12 @@ import torch as th
 import torch._dynamo
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.envs import FakeImageEnv, SimpleMultiObsEnv
+from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.utils import LinearSchedule
 from torch._dynamo.utils import counters
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
-from tests.helpers import RecordingLogger, assert_params_close, max_param_diff, train_one
+from tests.helpers import RecordingLogger, assert_params_close, max_param_diff, seeded_dict_env, train_one
 
 #: Tolerance for compiled against eager parameters. Exact equality cannot hold: inductor generates its own fused
 #: C++ kernels (vectorised for the host CPU's instruction set) and reorders float32 reductions, so every loss
@@ -69,10 +69,6 @@ CASES: dict[str, tuple[Any, dict[str, Any], dict[str, Any], type[PPO]]] = {
 }
 
 
-def seeded_dict_env() -> SimpleMultiObsEnv:
-    """SB3's Dict-observation env draws its state images and vectors from NumPy's global RNG when it is built."""
-    np.random.seed(0)
-    return SimpleMultiObsEnv(random_start=False)
 
 
 def seeded_image_env() -> FakeImageEnv:

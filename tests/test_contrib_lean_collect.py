@@ -27,7 +27,6 @@ from sb3_contrib import RecurrentPPO
 from sb3_contrib.common.maskable.policies import MaskableMultiInputActorCriticPolicy
 from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.envs import SimpleMultiObsEnv
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.contrib import maskable, recurrent
@@ -35,7 +34,7 @@ from sb3_ppo_scale.contrib.maskable import _CheckedMaskablePPO
 from sb3_ppo_scale.contrib.masks import InfoActionMasker, mask_blocks
 from sb3_ppo_scale.contrib.recurrent_collect import FusedRecurrentActorCritic, recurrent_lean_blocker
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
-from tests.helpers import LocalsRecorder, assert_identical, assert_same_state
+from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, seeded_dict_env
 from tests.test_contrib_recurrent import CASES as RECURRENT_CASES
 
 N_STEPS = 40
@@ -158,7 +157,7 @@ RECURRENT = {
     **RECURRENT_CASES,
     "two_layer_lstm": (lambda: make_vec_env("CartPole-v1", n_envs=2, seed=0), "MlpLstmPolicy",
                        dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16], n_lstm_layers=2))),
-    "multi_input": (lambda: make_vec_env(lambda: SimpleMultiObsEnv(random_start=False), n_envs=2, seed=0),
+    "multi_input": (lambda: make_vec_env(seeded_dict_env, n_envs=2, seed=0),
                     "MultiInputLstmPolicy", dict(policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16]))),
     "time_limit_bootstrap": (lambda: make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=15), n_envs=3,
                                                   seed=0), "MlpLstmPolicy",

@@ -88,8 +88,16 @@ def _bootstrap(rank: int, port: int, worker: Any, out: Path, args: tuple) -> Non
 def _gloo_threads() -> list[str]:
     """Names of this process's gloo threads (Linux /proc; empty elsewhere)."""
     tasks = Path("/proc/self/task")
-    names = [(t / "comm").read_text().strip() for t in tasks.iterdir()] if tasks.exists() else []
+    names = [_thread_name(t) for t in tasks.iterdir()] if tasks.exists() else []
     return [name for name in names if "gloo" in name]
+
+
+def _thread_name(task: Path) -> str:
+    """A thread's name, or "" when it ended between listing and reading (it is then not a live gloo thread)."""
+    try:
+        return (task / "comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def _state(model: ScalablePPO) -> dict[str, th.Tensor]:

@@ -23,7 +23,6 @@ from stable_baselines3.common.envs import (
     IdentityEnv,
     IdentityEnvMultiBinary,
     IdentityEnvMultiDiscrete,
-    SimpleMultiObsEnv,
 )
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
@@ -34,7 +33,7 @@ from sb3_ppo_scale.core import algorithm
 from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
 from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, to_host
-from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, train_one
+from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, seeded_dict_env, train_one
 
 N_STEPS = 40
 
@@ -76,7 +75,7 @@ CASES: dict[str, tuple[Callable[[], Any], str, dict[str, Any]]] = {
                                  dict(policy_kwargs=dict(share_features_extractor=False, activation_fn=th.nn.ReLU,
                                                          net_arch=dict(pi=[16, 8], vf=[12])))),
     "cnn": (lambda: _vec(ImageEnv, n_envs=2), "CnnPolicy", {}),
-    "multi_input": (lambda: _vec(lambda: SimpleMultiObsEnv(random_start=False), n_envs=2), "MultiInputPolicy", {}),
+    "multi_input": (lambda: _vec(seeded_dict_env, n_envs=2), "MultiInputPolicy", {}),
     "one_env": (lambda: _vec("Pendulum-v1", n_envs=1, normalize=True), "MlpPolicy", {}),
 }
 
