@@ -232,6 +232,12 @@ def _core_argument(text: str) -> int | None:
     return int(text)
 
 
+def _pinning_text(core: int | None, capital: bool = False) -> str:
+    """How the benchmark process was pinned (``--core``), for a table's note."""
+    text = f"the process pinned to CPU core {core}" if core is not None else "the process not pinned to a core"
+    return text[:1].upper() + text[1:] if capital else text
+
+
 def _run_subprocess(algo: str, config: str, seed: int, core: int | None) -> dict[str, float]:
     """One run of :func:`run_once` in a fresh process pinned to CPU core ``core`` (None: unpinned)."""
     done = subprocess.run([sys.executable, __file__, "_run", algo, config, str(seed)], env=run_environment(config),
@@ -473,7 +479,7 @@ def collect_command(args: argparse.Namespace, argv: list[str]) -> None:
             "InvalidActionEnvDiscrete, DummyVecEnv): MaskablePPO's loop against ScalableMaskablePPO's (the lean loop "
             "with masks). Velocity-masked envs (rl_zoo3's `*NoVel-v*`, VecNormalize): RecurrentPPO's loop against "
             "ScalableRecurrentPPO's, contrib's default `MlpLstmPolicy` (one 256-unit LSTM each for actor and critic). "
-            f"Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
+            f"{_pinning_text(args.core, capital=True)}. Median over {args.repeats} alternating rollout pairs, each pair started from the same torch "
             "and numpy RNG states on two identical models; 'rollouts equal': every buffer field (masks included) equal in every "
             "pair. 'The VecEnv's own `step`': the lean loop with the env stepped by `env.step` rather than "
             "`vec_env_step` (MuJoCo envs on the CPU), alternating with the other two loops from the same RNG states.")
@@ -588,7 +594,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
              f"{sb3_step / 2:.0f} us."]
     if args.update_configs:
         rows += ["", *_update_split_rows(args.update_configs, args.seed)]
-    note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread; "
+    note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread, "
+            f"{_pinning_text(args.core)}; "
             f"microseconds per call: {args.calls} calls of each part in 30 interleaved rounds, the median of the "
             f"rounds' means; a collection step: the median over {args.rollouts} alternating rollouts of {steps} steps "
             "per loop; inside a lean step: the median of 3 rollouts.")
@@ -699,20 +706,26 @@ def main(argv: list[str] | None = None) -> None:
     collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])
     collect.add_argument("--repeats", type=int, default=5)
     collect.add_argument("--seed", type=int, default=0)
+    collect.add_argument("--core", type=_core_argument, default=default_core(),
+                       help="the CPU core this process is pinned to (default: the highest it may use); 'none': unpinned")
     collect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                          help="where the policies run (cuda: also ScalablePPO's collect_device='cpu'; MuJoCo envs only)")
     profile = commands.add_parser("profile", help="one collection step taken apart")
     profile.add_argument("--env", default="Hopper-v5")
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
+    profile.add_argument("--core", type=_core_argument, default=default_core(),
+                       help="the CPU core this process is pinned to (default: the highest it may use); 'none': unpinned")
     profile.add_argument("--rollouts", type=int, default=5, help="timed rollouts per loop (default 5)")
     profile.add_argument("--update-configs", nargs="*", choices=list(CONFIGS), default=["demo", "demo_compile"],
                          help="configs whose update phase is split into matmuls and the rest (default: demo, "
                               "demo_compile; none to skip)")
     args = parser.parse_args(argv)
-    if args.command == "learn" and args.core is not None and args.core not in os.sched_getaffinity(0):
+    if args.core is not None and args.core not in os.sched_getaffinity(0):
         parser.error(f"--core must be one of the cores this process may use, {sorted(os.sched_getaffinity(0))}, "
                      f"got {args.core}")
+    if args.command != "learn" and args.core is not None:  # learn pins each run's subprocess instead
+        os.sched_setaffinity(0, {args.core})
     _filter_known_warnings()
     {"learn": learn_command, "collect": collect_command, "profile": profile_command}[args.command](args, argv)
 
