@@ -8,11 +8,11 @@ wrap (benchmarks/results/end_to_end/profile.md). Most of it is generic machinery
   around four ufunc calls each) and deep-copies the observation it then replaces.
 
 :func:`vec_env_step` returns a function that steps such a stack as ``env.step`` does, statement for statement, with
-three changes that leave every value, dtype and side effect as they were:
+these changes, which leave every value, dtype and side effect as they were:
 
 - :func:`batch_moments` makes NumPy's own ufunc calls of ``np.mean(a, axis=0)`` and ``np.var(a, axis=0)``, in its
-  order, and for a batch of one row (one env) the three of them whose results are not the row itself and
-  ``(row - row) ** 2`` (a division by 1 is exact); checked against NumPy once per process and dtype
+  order; for a batch of one row (one env), the row itself as the mean and ``(row - row) ** 2`` as the variance (a
+  sum over one row divided by 1 is exact); checked against NumPy once per process and dtype
   (:func:`batch_moments_are_numpys`);
 - ``np.clip`` of a float array between two bounds is the ``clip`` ufunc NumPy's ``_clip`` calls (:func:`clip`);
 - the observation is copied with ``ndarray.copy(order="K")``, which is what ``deepcopy`` of the one-array dict
@@ -157,8 +157,7 @@ def batch_moments(batch: np.ndarray) -> tuple[np.ndarray | np.generic, np.ndarra
     ``_mean`` and ``_var`` make (numpy/_core/_methods.py), without the argument handling around them."""
     if batch.shape[0] == 1:  # mean: the row (divided by 1); var: (row - row / 1) ** 2 summed over one row, / 1
         row = np.add.reduce(batch, 0)
-        deviation = np.subtract(row, row)
-        return row, np.square(deviation, out=deviation) if isinstance(deviation, np.ndarray) else np.square(deviation)
+        return row, np.square(np.subtract(row, row))
     count = np.intp(batch.shape[0])
     mean = _divide(np.add.reduce(batch, 0), count)
     centre = np.add.reduce(batch, 0, keepdims=True)
