@@ -293,13 +293,12 @@ def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[s
         baseline = _baseline_runs(results, config)
         for algo, runs in by_algo.items():
             rate = statistics.median(r["steps"] / r["wall_s"] for r in runs)
-            collect = statistics.median(1000 * r["collect_s"] / r["steps"] for r in runs)
-            update = statistics.median(1000 * r["update_s"] / r["steps"] for r in runs)
+            collect, update = _seconds_per_1k(runs, "collect_s"), _seconds_per_1k(runs, "update_s")
             faults = (f"{statistics.median(r['page_faults'] / r['steps'] for r in runs):.0f}"
                       if all("page_faults" in r for r in runs) else "n/a")
             cores = (f"{statistics.median(r['cpu_s'] / r['wall_s'] for r in runs):.2f}"
                      if all("cpu_s" in r for r in runs) else "n/a")
-            ratios = [(r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline)]
+            ratios = _ratios(runs, baseline)
             ratio = (f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}, {max(ratios):.2f}]"
                      if ratios and algo != "sb3_ppo" else "1" if algo == "sb3_ppo" else "n/a")
             rows.append(f"| {config} | {algo} | {rate:.0f} | {collect:.2f} | {update:.2f} | {faults} | {cores} "
@@ -308,29 +307,34 @@ def learn_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[s
     return rows + sbx_ahead_rows(results)
 
 
-def _median_of(runs: list[dict[str, float]], baseline: list[dict[str, float]] | None = None,
-               phase: str | None = None) -> float:
-    """Median steps/s ratio to ``baseline`` (same repeat), or with ``phase`` the median seconds per 1k env steps."""
-    if phase is not None:
-        return statistics.median(1000 * r[phase] / r["steps"] for r in runs)
-    return statistics.median((r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline or []))
+def _ratios(runs: list[dict[str, float]], baseline: list[dict[str, float]]) -> list[float]:
+    """Each run's steps/s over the baseline run of the same repeat."""
+    return [(r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"]) for r, b in zip(runs, baseline)]
+
+
+def _seconds_per_1k(runs: list[dict[str, float]], phase: str) -> float:
+    """Median seconds per 1000 env steps spent in ``phase`` ("collect_s" or "update_s")."""
+    return statistics.median(1000 * r[phase] / r["steps"] for r in runs)
 
 
 def sbx_ahead_rows(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
-    """Where SBX's PPO ran ahead of ScalablePPO (median ratios to SB3 PPO), and which phase made the difference."""
+    """Where SBX's PPO ran ahead of ScalablePPO (median ratios to SB3 PPO), and which phase made the difference;
+    nothing when SBX did not run."""
+    if not any("sbx_ppo" in by_algo for by_algo in results.values()):
+        return []
     lines = []
     for config, by_algo in results.items():
         ours, sbx, baseline = by_algo.get("scalable_ppo"), by_algo.get("sbx_ppo"), _baseline_runs(results, config)
-        if not (ours and sbx and baseline) or _median_of(sbx, baseline) <= _median_of(ours, baseline):
+        if not (ours and sbx and baseline):
             continue
-        phases = {phase: (_median_of(sbx, phase=phase), _median_of(ours, phase=phase))
-                  for phase in ("collect_s", "update_s")}
+        sbx_ratio, our_ratio = statistics.median(_ratios(sbx, baseline)), statistics.median(_ratios(ours, baseline))
+        if sbx_ratio <= our_ratio:
+            continue
         sbx_faster = [f"{phase[:-2]} {theirs:.2f} s / 1k steps against ScalablePPO's {mine:.2f}"
-                  for phase, (theirs, mine) in phases.items() if theirs < mine]
-        lines.append(f"- `{config}`: SBX {_median_of(sbx, baseline):.2f}x, ScalablePPO {_median_of(ours, baseline):.2f}x; "
+                      for phase in ("collect_s", "update_s")
+                      for theirs, mine in [(_seconds_per_1k(sbx, phase), _seconds_per_1k(ours, phase))] if theirs < mine]
+        lines.append(f"- `{config}`: SBX {sbx_ratio:.2f}x, ScalablePPO {our_ratio:.2f}x; "
                      f"SBX faster in: {'; '.join(sbx_faster) or 'neither phase alone (medians)'}.")
-    if not any("sbx_ppo" in by_algo for by_algo in results.values()):
-        return []
     if not lines:
         return ["", "SBX's PPO was not ahead of ScalablePPO at any config."]
     return ["", "Where SBX's PPO ran ahead of ScalablePPO (its update is one compiled XLA program a minibatch; "
@@ -353,8 +357,7 @@ def plot_learn(results: dict[str, dict[str, list[dict[str, float]]]], path: Path
             runs = results[config].get(algo)
             if runs and baseline:
                 xs.append(j + (i - 1) * width)
-                heights.append(statistics.median((r["steps"] / r["wall_s"]) / (b["steps"] / b["wall_s"])
-                                                 for r, b in zip(runs, baseline)))
+                heights.append(statistics.median(_ratios(runs, baseline)))
         if xs:
             ax.bar(xs, heights, width, label=algo)
     ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -606,8 +609,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
 
 def _update_split_rows(configs: list[str], seed: int) -> list[str]:
     """The update phase per 1k env steps at each ``config`` (one timed ``train()`` after a warm-up one, on one
-    collected rollout), SB3 PPO against ScalablePPO, and the share of ScalablePPO's update spent in matrix
-    multiplications (``aten::mm``/``aten::addmm`` self time over all self time, under torch's profiler)."""
+    collected rollout), SB3 PPO and ScalablePPO, and the share of each update spent in matrix multiplications
+    (``aten::mm``/``aten::addmm`` self time over all self time, under torch's profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     rows = ["| config | algorithm | update s / 1k env steps | matmul share (profiled) | matmul s / 1k env steps |",
@@ -706,16 +709,16 @@ def main(argv: list[str] | None = None) -> None:
     collect.add_argument("--n-envs", nargs="+", type=int, default=[1, 8])
     collect.add_argument("--repeats", type=int, default=5)
     collect.add_argument("--seed", type=int, default=0)
-    collect.add_argument("--core", type=_core_argument, default=default_core(),
-                       help="the CPU core this process is pinned to (default: the highest it may use); 'none': unpinned")
     collect.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                          help="where the policies run (cuda: also ScalablePPO's collect_device='cpu'; MuJoCo envs only)")
     profile = commands.add_parser("profile", help="one collection step taken apart")
     profile.add_argument("--env", default="Hopper-v5")
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
-    profile.add_argument("--core", type=_core_argument, default=default_core(),
-                       help="the CPU core this process is pinned to (default: the highest it may use); 'none': unpinned")
+    for command in (collect, profile):
+        command.add_argument("--core", type=_core_argument, default=default_core(),
+                             help="the CPU core this process is pinned to (default: the highest it may use); "
+                                  "'none': unpinned")
     profile.add_argument("--rollouts", type=int, default=5, help="timed rollouts per loop (default 5)")
     profile.add_argument("--update-configs", nargs="*", choices=list(CONFIGS), default=["demo", "demo_compile"],
                          help="configs whose update phase is split into matmuls and the rest (default: demo, "
