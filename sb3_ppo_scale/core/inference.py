@@ -141,22 +141,24 @@ class GaussianSampler(ActionSampler):
     def _prepare(self, mean: th.Tensor) -> None:
         """The scale and the log_prob terms that depend on parameters only, for ``len(mean)`` rows."""
         self.scale = th.ones_like(mean) * self.log_std.exp()
-        self.two_var = 2 * self.scale**2
+        self.neg_two_var = -(2 * self.scale**2)  # -(x / d) == x / -d exactly: the negation moves into the divisor
         self.log_scale = self.scale.log()
+        self.noise = th.empty_like(mean)
         self._rows = mean.shape[0]
 
     def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         if mean_actions.shape[0] != self._rows:
             self._prepare(mean_actions)
-        return self.from_noise(th.empty_like(mean_actions).normal_(0, 1), mean_actions)
+        return self.from_noise(self.noise.normal_(0, 1), mean_actions)  # th.normal's draws, into a reused tensor
 
     def from_noise(self, noise: th.Tensor, mean_actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        """(actions, log_prob) from ``noise``, standard-normal draws shaped like ``mean_actions`` (scaled and shifted
-        in place: the actions are ``noise``); the scale must be prepared for ``len(mean_actions)`` rows."""
+        """(actions, log_prob) from ``noise``, standard-normal draws shaped like ``mean_actions`` (left as they are:
+        the actions are a new tensor); the scale must be prepared for ``len(mean_actions)`` rows."""
         # what th.normal(mean, scale) computes (standard normal draws, * scale, + mean), without its std >= 0 check
-        actions = noise.mul_(self.scale).add_(mean_actions)
-        # Normal.log_prob: -((value - loc) ** 2) / (2 * var) - log(scale) - log(sqrt(2 pi)), op for op, in place
-        log_prob = (actions - mean_actions).pow_(2).neg_().div_(self.two_var).sub_(self.log_scale).sub_(_LOG_SQRT_2PI)
+        actions = th.mul(noise, self.scale).add_(mean_actions)
+        # Normal.log_prob: -((value - loc) ** 2) / (2 * var) - log(scale) - log(sqrt(2 pi)), in place; the quotient's
+        # sign comes from the divisor (IEEE division is sign-symmetric), one op fewer than negating the square
+        log_prob = (actions - mean_actions).pow_(2).div_(self.neg_two_var).sub_(self.log_scale).sub_(_LOG_SQRT_2PI)
         return actions, log_prob.sum(dim=1)
 
 

@@ -127,10 +127,11 @@ def _vec_normalize_step(env: VecNormalize, inner: VecStep, actions: np.ndarray) 
     if env.norm_reward:  # normalize_reward
         rewards = clip(rewards / np.sqrt(env.ret_rms.var + env.epsilon), -env.clip_reward, env.clip_reward)
     rewards = rewards.astype(np.float32)
-    for idx in dones.nonzero()[0]:
-        if "terminal_observation" in infos[idx]:
-            infos[idx]["terminal_observation"] = env.normalize_obs(infos[idx]["terminal_observation"])
-    env.returns[dones] = 0
+    if dones.dtype != np.bool_ or np.count_nonzero(dones):  # no episode ended: the statements below change nothing
+        for idx in dones.nonzero()[0]:
+            if "terminal_observation" in infos[idx]:
+                infos[idx]["terminal_observation"] = env.normalize_obs(infos[idx]["terminal_observation"])
+        env.returns[dones] = 0
     return normalized, rewards, dones, infos
 
 
