@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
 
 from sb3_ppo_scale.core.lean_step import (
     batch_moments,
@@ -36,6 +36,17 @@ def _unmonitored(env_id: str, n_envs: int, **make_kwargs: Any) -> DummyVecEnv:
     return env
 
 
+class IntegerDones(VecEnvWrapper):
+    """A user's VecEnv that reports ``dones`` as integers (VecNormalize then indexes ``returns`` with them)."""
+
+    def reset(self) -> Any:
+        return self.venv.reset()
+
+    def step_wait(self) -> Any:
+        obs, rewards, dones, infos = self.venv.step_wait()
+        return obs, rewards, dones.astype(np.int64), infos
+
+
 #: name -> a factory of the VecEnv stack (float64 Hopper, float32 Pendulum; episodes that end by termination and
 #: by truncation)
 STACKS: dict[str, Callable[[], VecEnv]] = {
@@ -45,6 +56,8 @@ STACKS: dict[str, Callable[[], VecEnv]] = {
     "vecnormalize_obs_only": lambda: VecNormalize(_dummy("Pendulum-v1", 2, max_episode_steps=25), norm_reward=False),
     "vecnormalize_reward_only": lambda: VecNormalize(_dummy("Hopper-v5", 2), norm_obs=False),
     "vecnormalize_not_training": lambda: VecNormalize(_dummy("Hopper-v5", 2), training=False),
+    "vecnormalize_over_integer_dones": lambda: VecNormalize(IntegerDones(_dummy("Pendulum-v1", 2,
+                                                                            max_episode_steps=25))),
     "vecnormalize_over_vecmonitor": lambda: VecNormalize(VecMonitor(_unmonitored("Pendulum-v1", 2,
                                                                                    max_episode_steps=25))),
 }
