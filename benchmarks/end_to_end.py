@@ -533,7 +533,6 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     from stable_baselines3.common.utils import obs_as_tensor
 
     from sb3_ppo_scale.core.inference import FusedActorCritic
-    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
     from sb3_ppo_scale.core.lean_step import vec_env_step
 
     _, model, callback, _ = _collection_pair(args.env, 1, args.seed)[0]
@@ -563,38 +562,41 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
         "SB3's `policy(obs)`": sb3_policy,
         "fused policy step (`FusedActorCritic`)": fused_policy,
     }, args.calls)
-    fused_policy_us = parts["fused policy step (`FusedActorCritic`)"]
     steps = model.n_steps
-    loops = {"SB3's loop": OnPolicyAlgorithm.collect_rollouts, "lean loop": collect_rollouts_lean}
-    rollout_us: dict[str, list[float]] = {name: [] for name in loops}
+    sb3_us: list[float] = []
+    insides: list[dict[str, float]] = []
     for repeat in range(args.rollouts + 1):  # alternating rollouts; the first pair warms up, untimed
-        for name, collect in (loops.items() if repeat % 2 else list(loops.items())[::-1]):
+        for loop in (("sb3", "lean") if repeat % 2 else ("lean", "sb3")):
+            if loop == "lean":
+                inside = _lean_step_inside(model, callback)
+                insides += [inside] if repeat else []
+                continue
             start = time.perf_counter()
-            collect(model, env, callback, model.rollout_buffer, steps)
-            if repeat:
-                rollout_us[name].append((time.perf_counter() - start) / steps * 1e6)
-    for name, values in rollout_us.items():
-        parts[f"one collection step, {name}"] = statistics.median(values)
-    insides = [_lean_step_inside(model, callback) for _ in range(3)]
+            OnPolicyAlgorithm.collect_rollouts(model, env, callback, model.rollout_buffer, steps)
+            sb3_us += [(time.perf_counter() - start) / steps * 1e6] if repeat else []
     inside = {key: statistics.median(run[key] for run in insides) for key in insides[0]}
+    parts["one collection step, SB3's loop"] = statistics.median(sb3_us)
+    parts["one collection step, lean loop"] = inside["total"]
     physics = parts["physics (`do_simulation`, MuJoCo)"]
     rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
-    rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, timed from within a rollout, median of 3): the env's "
-             f"`step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: gymnasium's "
-             f"wrappers, Monitor, DummyVecEnv, VecNormalize (stepped by `vec_env_step`), resets), the fused policy "
-             f"step {inside['policy']:.0f} us, "
-             f"and the loop around them (tensor conversion, clipping, callbacks, info buffer, buffer writes) "
-             f"{inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step runs the same tensor "
-             "operations as SB3's (so that its numbers are SB3's): its cost is theirs, without module dispatch and "
-             "Distribution objects."]
-    floor = parts["VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)"] + fused_policy_us
-    sb3_step = parts["one collection step, SB3's loop"]
+    rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, the medians over the lean rollouts above): "
+             f"the env's `step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: "
+             "gymnasium's wrappers, Monitor, DummyVecEnv, VecNormalize (stepped by `vec_env_step`), resets), the fused "
+             f"policy step {inside['policy']:.0f} us, and the loop around them (tensor conversion, clipping, callbacks, "
+             f"info buffer, buffer writes) {inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step "
+             "runs the same tensor operations as SB3's (so that its numbers are SB3's): its cost is theirs, without "
+             "module dispatch and Distribution objects."]
+    speedups = [sb3 / run["total"] for sb3, run in zip(sb3_us, insides)]
+    ceilings = [sb3 / (run["env"] + run["policy"]) for sb3, run in zip(sb3_us, insides)]
     rows += ["", f"The ceiling of a bit-identical loop: with a loop around them that cost nothing, a step would still be "
-             f"the lean env step and the fused policy step, {floor:.0f} us, so collection could run at most "
-             f"{sb3_step / floor:.2f}x SB3's loop ({sb3_step:.0f} us); it runs at "
-             f"{sb3_step / parts['one collection step, lean loop']:.2f}x here. Twice SB3's speed needs a step of "
-             f"{sb3_step / 2:.0f} us."]
+             f"the env's step and the fused policy step as a rollout runs them, {inside['env'] + inside['policy']:.0f} "
+             f"us, so collection could run at most {statistics.median(ceilings):.2f}x SB3's loop "
+             f"[{min(ceilings):.2f}, {max(ceilings):.2f}] (per pair of rollouts, SB3's step over that env and policy "
+             f"time); it runs at {statistics.median(speedups):.2f}x [{min(speedups):.2f}, {max(speedups):.2f}]. "
+             f"Twice SB3's speed needs a step of {statistics.median(sb3_us) / 2:.0f} us. (The parts "
+             "table is timed in tight loops on a zero action: warmer caches than a rollout's and fewer resets than its "
+             "sampled actions cause, so it understates what a rollout pays; the ceiling uses the rollouts' own times.)"]
     if args.update_configs:
         rows += ["", *_update_split_rows(args.update_configs, args.seed)]
     note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread, "
@@ -657,7 +659,8 @@ class _TimedEnv:
 
 
 def _lean_step_inside(model: Any, callback: Any) -> dict[str, float]:
-    """Microseconds per step of one lean rollout: in all, in the env's ``step`` and in the fused policy call."""
+    """Microseconds per step of one lean rollout: in all, in the env's ``step`` and in the fused policy call (the
+    probes add two clock reads and one proxy attribute lookup per step, under 1 us)."""
     from sb3_ppo_scale.core import inference, lean_collect
 
     timed_env, policy_s = _TimedEnv(model.env), [0.0]
