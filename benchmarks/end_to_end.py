@@ -568,8 +568,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     for repeat in range(args.rollouts + 1):  # alternating rollouts; the first pair warms up, untimed
         for loop in (("sb3", "lean") if repeat % 2 else ("lean", "sb3")):
             if loop == "lean":
-                inside = _lean_step_inside(model, callback)
-                insides += [inside] if repeat else []
+                lean_run = _lean_step_inside(model, callback)
+                insides += [lean_run] if repeat else []
                 continue
             start = time.perf_counter()
             OnPolicyAlgorithm.collect_rollouts(model, env, callback, model.rollout_buffer, steps)
