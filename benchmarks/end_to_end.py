@@ -12,8 +12,9 @@ benchmarks/results/end_to_end/:
              them: ScalablePPO with ``cuda_graphs=True`` (the lean loop's policy step replayed from a CUDA graph; its
              rollouts checked equal too) and with ``collect_device="cpu"`` (its policy on the GPU, collection from a
              CPU copy); written to collect_cuda.md.
-``profile``  one env step at 1 env on Hopper-v5, taken apart: the physics, the env through its wrappers and
-             VecEnvs, SB3's policy call, the fused policy call, and whole collection steps of both loops.
+``profile``  one collection step (default: 1 env on Hopper-v5; ``--env``, ``--n-envs``) taken apart: the physics,
+             the env through its wrappers and VecEnvs, SB3's policy call, the fused policy call, whole collection
+             steps of both loops, and the ceiling of a bit-identical loop.
 ``learn``    ``learn()`` steps/s end to end, one fresh process per run, pinned to one CPU core (``--core``; one torch
              thread; SBX's XLA runs its computations on threads of its own besides Python's, which the pin keeps on
              the same core), runs of the algorithms alternating, medians over repeats, collection and update time
@@ -229,6 +230,13 @@ def _core_argument(text: str) -> int | None:
         return None
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"must be a core number or 'none', got {text!r}")
+    return int(text)
+
+
+def _positive_int(text: str) -> int:
+    """``--n-envs``: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
     return int(text)
 
 
@@ -535,15 +543,27 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     from sb3_ppo_scale.core.inference import FusedActorCritic
     from sb3_ppo_scale.core.lean_step import vec_env_step
 
-    _, model, callback, _ = _collection_pair(args.env, 1, args.seed)[0]
-    env, inner = model.env, model.env.venv.envs[0].unwrapped
-    action = np.zeros((1, *model.action_space.shape), dtype=np.float32)
+    n_envs = args.n_envs
+    _, model, callback, _ = _collection_pair(args.env, n_envs, args.seed)[0]
+    env = model.env
+    wrapped = list(env.venv.envs)
+    inners = [one.unwrapped for one in wrapped]
+    action = np.zeros((n_envs, *model.action_space.shape), dtype=np.float32)
     obs = obs_as_tensor(model._last_obs, "cpu")
     fused = FusedActorCritic(model.policy)
     model.policy.set_training_mode(False)
-    wrapped = env.venv.envs[0]
-    wrapped.reset(seed=args.seed)
+    for index, one in enumerate(wrapped):
+        one.reset(seed=args.seed + index)
     lean_step = vec_env_step(env)
+    envs_text = "one env's" if n_envs == 1 else f"the {n_envs} envs'"
+
+    def physics() -> None:
+        for inner, row in zip(inners, action):
+            inner.do_simulation(row, inner.frame_skip)
+
+    def wrapped_steps() -> None:
+        for one, row in zip(wrapped, action):
+            _step_or_reset(one, row)
 
     def sb3_policy() -> None:  # as SB3's loop calls it
         with th.no_grad():
@@ -554,8 +574,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
             fused(obs)
 
     parts = _interleaved_us({
-        "physics (`do_simulation`, MuJoCo)": lambda: inner.do_simulation(action[0], inner.frame_skip),
-        "one env's `step` through gymnasium's wrappers and Monitor": lambda: _step_or_reset(wrapped, action[0]),
+        f"physics ({envs_text} `do_simulation`, MuJoCo)": physics,
+        f"{envs_text} `step` through gymnasium's wrappers and Monitor": wrapped_steps,
         "DummyVecEnv `step`": lambda: env.venv.step(action),
         "VecNormalize(DummyVecEnv) `step`": lambda: env.step(action),
         "VecNormalize(DummyVecEnv), the lean loop's step (`vec_env_step`)": lambda: lean_step(action),
@@ -577,8 +597,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     inside = {key: statistics.median(run[key] for run in insides) for key in insides[0]}
     parts["one collection step, SB3's loop"] = statistics.median(sb3_us)
     parts["one collection step, lean loop"] = inside["total"]
-    physics = parts["physics (`do_simulation`, MuJoCo)"]
-    rows = ["| part of one env step | us | x physics |", "|---|---:|---:|"]
+    physics = parts[f"physics ({envs_text} `do_simulation`, MuJoCo)"]
+    rows = ["| part of one collection step | us | x physics |", "|---|---:|---:|"]
     rows += [f"| {name} | {us:.0f} | {us / physics:.1f} |" for name, us in parts.items()]
     rows += ["", f"Inside a lean collection step ({inside['total']:.0f} us, the medians over the lean rollouts above): "
              f"the env's `step` {inside['env']:.0f} us (physics ~{physics:.0f} us; the rest is the user's env stack: "
@@ -587,6 +607,7 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
              f"info buffer, buffer writes) {inside['total'] - inside['env'] - inside['policy']:.0f} us. The policy step "
              "runs the same tensor operations as SB3's (so that its numbers are SB3's): its cost is theirs, without "
              "module dispatch and Distribution objects."]
+    target = 2.0 if n_envs == 1 else 1.5
     speedups = [sb3 / run["total"] for sb3, run in zip(sb3_us, insides)]
     ceilings = [sb3 / (run["env"] + run["policy"]) for sb3, run in zip(sb3_us, insides)]
     rows += ["", f"The ceiling of a bit-identical loop: with a loop around them that cost nothing, a step would still be "
@@ -594,16 +615,18 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
              f"us, so collection could run at most {statistics.median(ceilings):.2f}x SB3's loop "
              f"[{min(ceilings):.2f}, {max(ceilings):.2f}] (per pair of rollouts, SB3's step over that env and policy "
              f"time); it runs at {statistics.median(speedups):.2f}x [{min(speedups):.2f}, {max(speedups):.2f}]. "
-             f"Twice SB3's speed needs a step of {statistics.median(sb3_us) / 2:.0f} us. (The parts "
+             f"{target}x SB3's speed (the target {'at 1 env' if n_envs == 1 else 'at several envs'}) needs a step of "
+             f"{statistics.median(sb3_us) / target:.0f} us. (The parts "
              "table is timed in tight loops on a zero action: warmer caches than a rollout's and fewer resets than its "
              "sampled actions cause, so it understates what a rollout pays; the ceiling uses the rollouts' own times.)"]
     if args.update_configs:
         rows += ["", *_update_split_rows(args.update_configs, args.seed)]
-    note = (f"{args.env}, 1 env, DummyVecEnv + VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread, "
+    note = (f"{args.env}, {n_envs} env{'s' if n_envs > 1 else ''} (a step: each env steps once), DummyVecEnv + "
+            "VecNormalize, SB3's default MlpPolicy (64x64 tanh), one thread, "
             f"{_pinning_text(args.core)}; "
             f"microseconds per call: {args.calls} calls of each part in 30 interleaved rounds, the median of the "
             f"rounds' means; a collection step: the median over {args.rollouts} alternating rollouts of {steps} steps "
-            "per loop; inside a lean step: the median of 3 rollouts.")
+            "per loop; inside a lean step: the median over the same lean rollouts.")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile.md").write_text("\n".join(header("One collection step, taken apart", argv, note) + rows) + "\n")
     print("\n".join(rows))
@@ -716,6 +739,7 @@ def main(argv: list[str] | None = None) -> None:
                          help="where the policies run (cuda: also ScalablePPO's collect_device='cpu'; MuJoCo envs only)")
     profile = commands.add_parser("profile", help="one collection step taken apart")
     profile.add_argument("--env", default="Hopper-v5")
+    profile.add_argument("--n-envs", type=_positive_int, default=1, help="envs in the DummyVecEnv (default 1)")
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
     for command in (collect, profile):

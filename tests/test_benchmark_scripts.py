@@ -29,6 +29,14 @@ def test_profile_takes_one_step_apart(tmp_path: Path) -> None:
         assert row in table
 
 
+def test_profile_takes_a_step_of_several_envs_apart(tmp_path: Path) -> None:
+    _run(tmp_path, "profile", "--n-envs", "3", "--calls", "2", "--rollouts", "1", "--update-configs")
+    table = (tmp_path / "profile.md").read_text()
+    assert "Hopper-v5, 3 envs (a step: each env steps once)" in table
+    assert "| physics (the 3 envs' `do_simulation`, MuJoCo) |" in table and "1.5x SB3's speed" in table
+    assert "| demo |" not in table  # no update split when no config is given
+
+
 def test_learn_table_says_where_sbx_ran_ahead_and_in_which_phase() -> None:
     e2e = _end_to_end_module()
     base = {"steps": 1000, "wall_s": 2.0, "collect_s": 0.8, "update_s": 1.2}
