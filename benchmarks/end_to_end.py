@@ -90,8 +90,9 @@ def box_line() -> str:
             f"load average {load:.1f} at the end")
 
 
-def header(title: str, argv: list[str], note: str) -> list[str]:
-    return [f"# {title}", "", f"Produced by `OMP_NUM_THREADS=1 python benchmarks/end_to_end.py {' '.join(argv)}` on "
+def header(title: str, argv: list[str], note: str, script: str = "end_to_end.py") -> list[str]:
+    command = " ".join([f"benchmarks/{script}", *argv])
+    return [f"# {title}", "", f"Produced by `OMP_NUM_THREADS=1 python {command}` on "
             f"{time.strftime('%Y-%m-%d')}; {box_line()}.", "", note, ""]
 
 

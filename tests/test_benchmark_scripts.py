@@ -103,3 +103,14 @@ def test_learn_table_reports_page_faults_cpu_share_and_ratios() -> None:
     assert "| atari_pong | sb3_ppo | 500 | 0.50 | 1.50 | 3 | 0.95 | 1 |" in rows
     assert "| atari_pong | scalable_ppo | 1000 | 0.50 | 1.50 | 1 | 1.00 | 2.00x [2.00, 2.00] |" in rows
     assert "| atari_pong_thp | scalable_ppo | 500 | 0.50 | 1.50 | n/a | n/a | 1.00x [1.00, 1.00] |" in rows
+
+
+def test_update_trims_benchmark_writes_its_table(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "update_trims.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script), "--configs", "hopper_sb3_defaults", "--repeats", "1", "--out",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "update_trims.md").read_text()
+    for trim in ("flat Adam", "gradient ops", "fused evaluation"):
+        assert f"| hopper_sb3_defaults | {trim} | " in table

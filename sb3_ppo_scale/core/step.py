@@ -8,7 +8,8 @@ optimizer), the loss function, the loss settings of this ``train()`` call and th
    then the :class:`Reducer` combines gradients and statistics across data-parallel ranks (nothing to do in one
    process);
 2. :meth:`UpdateStep.exceeds_target_kl`: SB3's early stop on the logical minibatch's approx KL;
-3. :meth:`UpdateStep.apply`: one gradient clip and one optimizer step (a CPU Adam's on flat buffers, exactly:
+3. :meth:`UpdateStep.apply`: one gradient clip (torch's, with the CPU's per-tensor calls batched:
+   :mod:`~sb3_ppo_scale.core.gradient_ops`) and one optimizer step (a CPU Adam's on flat buffers, exactly:
    :class:`~sb3_ppo_scale.core.flat_adam.FlatAdam`), guarded against non-finite values by a
    :class:`~sb3_ppo_scale.core.guard.NonFiniteGuard`.
 
@@ -28,6 +29,7 @@ import torch as th
 from torch.distributions import Distribution
 
 from sb3_ppo_scale.core.flat_adam import FlatAdam, flat_blocker
+from sb3_ppo_scale.core.gradient_ops import clip_grad_norm, gradient_clearer
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.objectives import KL_INDEX, AdvantageNormalizer, LossSettings, MicroBatch
 from sb3_ppo_scale.core.sampling import LogicalBatch
@@ -149,6 +151,7 @@ class UpdateStep:
         flat = not guard.on_device and flat_blocker(self.optimizer, self.parameters) is None
         #: what takes the optimizer step: a CPU Adam's step on flat buffers where that is exact, else the optimizer
         self.stepper: th.optim.Optimizer | FlatAdam = FlatAdam(self.optimizer) if flat else self.optimizer
+        self.zero_grad = gradient_clearer(self.optimizer)  #: ``optimizer.zero_grad()``, direct where that is exact
 
     def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         """Update on ``batch``; returns ``(stats, stepped)``; ``stepped`` is False when ``target_kl`` stopped it."""
@@ -160,7 +163,7 @@ class UpdateStep:
 
     def gradients(self, batch: LogicalBatch) -> th.Tensor:
         """Zero the gradients and backward every micro-batch of ``batch``; returns its stats vector (device)."""
-        self.optimizer.zero_grad()
+        self.zero_grad()
         normalize, n_logical = self._normalizer(batch)
         total: th.Tensor | None = None
         for micro in batch.micro_batches(n_logical):
@@ -183,7 +186,7 @@ class UpdateStep:
 
     def apply(self, stats: th.Tensor) -> None:
         """One gradient clip (SB3's ``max_grad_norm``) and one optimizer step, unless a value is non-finite."""
-        grad_norm = th.nn.utils.clip_grad_norm_(self.parameters, self.settings.max_grad_norm)
+        grad_norm = clip_grad_norm(self.parameters, self.settings.max_grad_norm)
         self.guard.step(self.stepper, self.parameters, grad_norm, stats)
 
     def close(self) -> None:
