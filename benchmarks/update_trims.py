@@ -107,7 +107,8 @@ def measure(config: str, repeats: int, seed: int = 0) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", choices=["hopper_sb3_defaults", "halfcheetah_zoo", "demo", "envs16"],
+    parser.add_argument("--configs", nargs="+",
+                        choices=["hopper_sb3_defaults", "halfcheetah_zoo", "demo", "envs16", "atari_pong"],
                         default=["hopper_sb3_defaults", "demo", "envs16"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--core", type=end_to_end._core_argument, default=end_to_end.default_core(),
