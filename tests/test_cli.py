@@ -125,6 +125,38 @@ def test_short_train_warns_records_threads_and_evaluate_best_explains(
     assert "--episodes must be >= 1, got 0" in _error(["evaluate", "--log-dir", str(run), "--episodes", "0"], capsys)
 
 
+#: a user's own env, as Gymnasium's ``make`` names it: the module that registers it, then its id
+USER_ENV = "tests.user_envs:UserCartPole-v0"
+
+
+def test_users_own_env_trains_and_evaluates_by_module_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``module:EnvId`` imports the module that registers the env, as ``gymnasium.make`` does; the entry is the
+    user's config, named by the same id."""
+    config = tmp_path / "mine.yml"
+    config.write_text(yaml.safe_dump({USER_ENV: {"policy": "MlpPolicy", "n_timesteps": 256, "n_steps": 64}}))
+    run = tmp_path / "run"
+    assert cli.main(["train", "--env", USER_ENV, "--config", str(config), "--eval-freq", "1000", "--eval-episodes",
+                     "1", "--log-dir", str(run), "--no-progress", "--threads", "1", "--device", "cpu"]) == 0
+    assert yaml.safe_load((run / "config.yml").read_text())["env_id"] == USER_ENV
+    assert cli.main(["evaluate", "--log-dir", str(run), "--episodes", "1"]) == 0
+    assert f'"env_id": "{USER_ENV}"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("tests.no_such_module:UserCartPole-v0", "env id 'tests.no_such_module:UserCartPole-v0': cannot import module "
+                                                 "'tests.no_such_module', which should register 'UserCartPole-v0'"),
+        ("tests.user_envs:Missing-v0", "unknown env id 'tests.user_envs:Missing-v0': Environment `Missing` doesn't exist"),
+    ],
+)
+def test_module_env_id_mistakes_are_one_line(env_id: str, message: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    line = _error(["train", "--env", env_id, "--log-dir", str(tmp_path / "run")], capsys)
+    assert line.startswith("sb3-ppo-scale train: error: ") and message in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_tune_and_report_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "spec file" in _error(["tune", str(tmp_path / "missing.yaml")], capsys)
     assert "SPEC_OR_STUDY" in _error(["report", str(tmp_path / "missing.journal"), "--out", str(tmp_path / "r")],

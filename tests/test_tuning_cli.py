@@ -100,6 +100,23 @@ def test_quick_study_then_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert report.count("not checked (no dummy parameter)") == 2 * 3  # 3 real parameters x 2 evaluators
 
 
+def test_study_of_a_users_own_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A spec may name a user's env as ``module:EnvId`` (the module registers it): the spec check imports it, and
+    so does each worker process that builds it."""
+    spec_path = _spec(tmp_path / "specs")
+    monkeypatch.chdir(tmp_path)
+    env_id = "tests.user_envs:UserCartPole-v0"
+    assert cli.main(["tune", str(spec_path), "--n-timesteps", "256", "--set", f"envs=[{env_id}]", "--n-trials", "2",
+                     "--workers", "2"]) == 0
+    study = optuna.load_study(study_name=f"quick:{env_id}",
+                              storage=open_storage(str(tmp_path / "tune_results" / "quick" / "quick.journal")))
+    assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.COMPLETE] * 2
+    capsys.readouterr()
+    assert cli.main(["tune", str(spec_path), "--set", "envs=[tests.user_envs:Missing-v0]"]) == 2
+    assert "spec.envs: unknown env id 'tests.user_envs:Missing-v0'" in capsys.readouterr().err
+
+
 def test_report_keeps_committed_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     journal = tmp_path / "s.journal"
     study = optuna.create_study(storage=open_storage(str(journal)), study_name="s:CartPole-v1", direction="maximize")

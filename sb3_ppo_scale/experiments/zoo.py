@@ -227,11 +227,22 @@ def entry_name(entries: dict[str, Any], env_id: str, variant: str | None = None)
 
 
 def check_env_id(env_id: str) -> None:
-    """ValueError naming ``env_id`` (and Gymnasium's suggestion) unless Gymnasium knows it."""
+    """ValueError naming ``env_id`` (and Gymnasium's suggestion) unless Gymnasium knows it.
+
+    A user's own env is named as ``gymnasium.make`` accepts it: ``"module:EnvId-v0"`` imports ``module`` (which
+    registers the env) and then looks up ``EnvId-v0``; every process that builds the env (tune's workers, torchrun's
+    ranks) imports it the same way from the id. A module that cannot be imported is a ValueError naming it."""
     _register_ale()
-    register_envs(env_id)
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(f"env id {env_id!r}: cannot import module {module!r}, which should register "
+                             f"{name!r} ({error}); is it on PYTHONPATH?") from None
+    register_envs(name)
     try:
-        gym.spec(env_id)
+        gym.spec(name)
     except gym.error.Error as error:
         raise ValueError(f"unknown env id {env_id!r}: {error}") from None
 

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import yaml
 
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
+from sb3_ppo_scale.experiments.zoo import check_env_id
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
             "sampler", "pruner", "n_trials", "noise_repeats", "decay_repeats", "storage",
@@ -258,9 +258,9 @@ def _check_envs(envs: Any) -> tuple[str, ...]:
         raise ValueError(f"spec.envs must be a non-empty list of Gymnasium env ids, got {envs!r}")
     for env_id in envs:
         try:
-            gym.spec(env_id)
-        except gym.error.Error as error:
-            raise ValueError(f"spec.envs: unknown env id {env_id!r} ({error})") from None
+            check_env_id(env_id)
+        except ValueError as error:
+            raise ValueError(f"spec.envs: {error}") from None
     if len(set(envs)) != len(envs):
         raise ValueError(f"spec.envs lists an env id twice: {envs!r}")
     return tuple(envs)
