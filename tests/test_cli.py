@@ -14,6 +14,7 @@ import yaml
 
 from sb3_ppo_scale import cli
 from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.experiments.pipeline import path_part
 
 
 @pytest.fixture(autouse=True)
@@ -129,17 +130,24 @@ def test_short_train_warns_records_threads_and_evaluate_best_explains(
 USER_ENV = "tests.user_envs:UserCartPole-v0"
 
 
-def test_users_own_env_trains_and_evaluates_by_module_id(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_users_own_env_trains_and_evaluates_by_module_id(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``module:EnvId`` imports the module that registers the env, as ``gymnasium.make`` does; the entry is the
-    user's config, named by the same id."""
+    user's config, named by the same id; the default run folder's name has the colon replaced."""
     config = tmp_path / "mine.yml"
     config.write_text(yaml.safe_dump({USER_ENV: {"policy": "MlpPolicy", "n_timesteps": 256, "n_steps": 64}}))
-    run = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "--env", USER_ENV, "--config", str(config), "--eval-freq", "1000", "--eval-episodes",
-                     "1", "--log-dir", str(run), "--no-progress", "--threads", "1", "--device", "cpu"]) == 0
+                     "1", "--no-progress", "--threads", "1", "--device", "cpu"]) == 0
+    run = tmp_path / "logs" / "tests.user_envs_UserCartPole-v0_seed0"
     assert yaml.safe_load((run / "config.yml").read_text())["env_id"] == USER_ENV
     assert cli.main(["evaluate", "--log-dir", str(run), "--episodes", "1"]) == 0
     assert f'"env_id": "{USER_ENV}"' in capsys.readouterr().out
+
+
+def test_path_part_makes_ids_file_names() -> None:
+    assert [path_part(n) for n in ("ALE/Pong-v5", USER_ENV, "HalfCheetah-v5@cpu", 'a\\b*c?d"e<f>g|h')] == [
+        "ALE_Pong-v5", "tests.user_envs_UserCartPole-v0", "HalfCheetah-v5@cpu", "a_b_c_d_e_f_g_h"]
 
 
 @pytest.mark.parametrize(
@@ -147,7 +155,8 @@ def test_users_own_env_trains_and_evaluates_by_module_id(tmp_path: Path, capsys:
     [
         ("tests.no_such_module:UserCartPole-v0", "env id 'tests.no_such_module:UserCartPole-v0': cannot import module "
                                                  "'tests.no_such_module', which should register 'UserCartPole-v0'"),
-        ("tests.user_envs:Missing-v0", "unknown env id 'tests.user_envs:Missing-v0': Environment `Missing` doesn't exist"),
+        ("tests.user_envs:Missing-v0",
+         "unknown env id 'tests.user_envs:Missing-v0': Environment `Missing` doesn't exist"),
     ],
 )
 def test_module_env_id_mistakes_are_one_line(env_id: str, message: str, tmp_path: Path,

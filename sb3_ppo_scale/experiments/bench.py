@@ -48,6 +48,7 @@ import numpy as np
 from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, Algorithm
+from sb3_ppo_scale.experiments.pipeline import path_part
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
@@ -534,7 +535,7 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
         axes[0].legend(fontsize=7)
         fig.suptitle(f"{task}: ScalablePPO and SB3 PPO, config entries in the labels (band: min..max over seeds)")
         fig.tight_layout()
-        path = out / f"learning_{task}.png"
+        path = out / f"learning_{path_part(task)}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
@@ -580,7 +581,7 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
     for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs the labels on every task
         for task in args.tasks:
             for label in labels:
-                path = out / "runs" / f"{task}__{label}__seed{seed}.json"
+                path = out / "runs" / f"{path_part(task)}__{label}__seed{seed}.json"
                 if not path.exists() and not args.report_only:
                     jobs.append((task, label, seed, args.budget, args.eval_every, args.eval_episodes,
                                  args.final_episodes, args.config, str(path), args.workers))

@@ -37,7 +37,7 @@ from sb3_ppo_scale.distributed import is_main_process
 from sb3_ppo_scale import checkpoint as checkpointing
 from sb3_ppo_scale.experiments import bench as bench_module
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm, evaluate_policy
-from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, set_threads
+from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, path_part, set_threads
 
 #: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
 FINAL_EVAL_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
@@ -114,7 +114,7 @@ def train(args: argparse.Namespace) -> int:
         print(f"warning: --n-timesteps {n_timesteps} < --eval-freq {args.eval_freq}: no evaluation will run during "
               "training, so no best_model.zip or evaluations.npz (final_eval.json is still written); lower "
               "--eval-freq to evaluate", file=sys.stderr)
-    run_dir = Path(args.log_dir or Path("logs") / f"{config.entry.replace('/', '_')}_seed{args.seed}")
+    run_dir = Path(args.log_dir or Path("logs") / f"{path_part(config.entry)}_seed{args.seed}")
     checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
     model, callback = _build_run(config, args, run_dir, n_timesteps,
                                  checkpointing.checkpoint_to_resume(run_dir, args.resume))

@@ -8,7 +8,8 @@
 - :data:`EVAL_SEED_OFFSET`: the evaluation env's seed is the run's seed plus this;
 - :class:`PeriodicEvalCallback`: deterministic evaluation every ``eval_freq`` env steps with frozen VecNormalize
   statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``);
-- :data:`DEFAULT_THREADS` and :func:`set_threads`: torch's intra-op threads for small policies.
+- :data:`DEFAULT_THREADS` and :func:`set_threads`: torch's intra-op threads for small policies;
+- :func:`path_part`: an env id or config entry as a file or folder name.
 
 :mod:`sb3_ppo_scale.experiments.zoo` turns a config into envs and a model with these.
 """
@@ -75,6 +76,17 @@ def _model_keys() -> frozenset[str]:
 
 #: Constructor arguments of ScalablePPO (PPO's plus those ScalablePPO adds), without ``policy`` and ``env``.
 MODEL_KEYS = _model_keys()
+
+
+#: characters that cannot be part of a file name on some system (``/`` nowhere; ``:`` on Windows, and in the
+#: ``module:EnvId`` form of a user's env id)
+_PATH_UNSAFE = str.maketrans({c: "_" for c in '/\\:*?"<>|'})
+
+
+def path_part(name: str) -> str:
+    """``name`` (an env id or config entry) as one file or folder name: each of ``/ \\ : * ? " < > |`` becomes ``_``
+    (``ALE/Pong-v5`` -> ``ALE_Pong-v5``, ``my_envs:MyEnv-v0`` -> ``my_envs_MyEnv-v0``); anything else is kept."""
+    return name.translate(_PATH_UNSAFE)
 
 
 def set_threads(threads: int) -> int:
