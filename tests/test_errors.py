@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch as th
 
@@ -35,6 +38,35 @@ def build(**kwargs):
 def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
     with pytest.raises(ValueError, match=pattern):
         build(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [  # PPO's own arguments that SB3 takes silently, though each value stops, reverses or breaks learning
+        (dict(n_epochs=0), r"n_epochs must be an int >= 1, got 0"),
+        (dict(n_epochs=2.0), r"n_epochs must be an int >= 1, got 2.0"),
+        (dict(gamma=1.01), r"gamma must be a number in \[0, 1\], got 1.01"),
+        (dict(gae_lambda=-0.1), r"gae_lambda must be a number in \[0, 1\], got -0.1"),
+        (dict(clip_range=0.0), r"clip_range must be a number > 0 or a schedule, got 0.0"),
+        (dict(clip_range="0.2"), r"clip_range must be a number > 0 or a schedule, got '0.2'"),
+        (dict(vf_coef=-0.5), r"vf_coef must be a number >= 0, got -0.5"),
+        (dict(ent_coef=float("nan")), r"ent_coef must be a finite number, got nan"),
+        (dict(max_grad_norm=-1), r"max_grad_norm must be a number > 0 \(math.inf: no clipping\), got -1"),
+        (dict(target_kl=0), r"target_kl must be None or a number > 0, got 0"),
+        (dict(learning_rate=-3e-4), r"learning_rate must be a number > 0, a schedule .*, got -0.0003"),
+        (dict(learning_rate=True), r"learning_rate must be a number > 0, a schedule .*, got True"),
+    ],
+)
+def test_ppo_arguments_that_cannot_train_raise_value_error(kwargs, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        build(**kwargs)
+
+
+def test_ppo_arguments_accept_numpy_scalars_inf_and_schedules() -> None:
+    model = build(n_epochs=np.int64(2), gamma=np.float32(0.99), max_grad_norm=math.inf, target_kl=None,
+                  clip_range=lambda progress: 0.2 * progress, learning_rate=np.float64(1e-3), ent_coef=-0.01)
+    model.learn(64)
+    assert model._n_updates == 2
 
 
 @pytest.mark.skipif(th.cuda.is_available(), reason="checks the message for a machine without CUDA")

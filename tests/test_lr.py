@@ -35,7 +35,7 @@ def test_bad_rule_arguments(kwargs, pattern) -> None:
 
 
 def test_bad_learning_rate_string() -> None:
-    with pytest.raises(ValueError, match=r"learning_rate must be a number, a schedule .* or 'kl_adaptive', got 'adaptive'"):
+    with pytest.raises(ValueError, match=r"learning_rate must be a number > 0, a schedule .* or 'kl_adaptive', got 'adaptive'"):
         ScalablePPO("MlpPolicy", "Pendulum-v1", learning_rate="adaptive", **SMALL)
 
 

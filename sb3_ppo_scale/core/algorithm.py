@@ -34,7 +34,7 @@ from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.checkpoint import load_checkpoint
-from sb3_ppo_scale.core.checks import check_batching, check_rollout_buffer_kwargs
+from sb3_ppo_scale.core.checks import check_batching, check_ppo_arguments, check_rollout_buffer_kwargs
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
@@ -165,6 +165,7 @@ class ScalableOnPolicyMixin:
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         self._check_supported(self._config)
         check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
+        check_ppo_arguments(self)
         super()._setup_model()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())

@@ -1,12 +1,15 @@
-"""Checks of single arguments, used by :class:`~sb3_ppo_scale.core.config.ScaleConfig`: clear errors naming the
-argument and what is allowed."""
+"""Checks of single arguments, used by :class:`~sb3_ppo_scale.core.config.ScaleConfig` (and of PPO's own numeric
+arguments, :func:`check_ppo_arguments`): clear errors naming the argument and what is allowed."""
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import os
 import shutil
 
+import numpy as np
 import torch as th
 
 
@@ -15,8 +18,8 @@ def _is_int(value: object) -> bool:
 
 
 def is_number(value: object) -> bool:
-    """An int or float that is not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real number (int, float, or a NumPy scalar of either) that is not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def check_batching(batch_size: object, grad_accum_steps: object, normalize_advantage: bool) -> None:
@@ -35,6 +38,31 @@ def check_batching(batch_size: object, grad_accum_steps: object, normalize_advan
             f"grad_accum_steps must be between 1 and batch_size={batch_size} (each micro-batch needs a sample), "
             f"got {grad_accum_steps!r}"
         )
+
+
+#: PPO's own numeric arguments that SB3 takes without a check, although some values silently stop or reverse
+#: learning (``n_epochs=0`` never updates, ``max_grad_norm=-1`` turns every step into gradient ascent, a negative
+#: ``target_kl`` stops every epoch at its first minibatch): name -> (what is allowed, the test). ``clip_range`` may
+#: also be a schedule (a callable, not checked); ``clip_range_vf`` SB3 checks itself, ``learning_rate``
+#: :func:`~sb3_ppo_scale.core.lr.resolve_learning_rate`.
+PPO_ARGUMENTS = {
+    "n_epochs": ("an int >= 1", lambda v: isinstance(v, numbers.Integral) and is_number(v) and v >= 1),
+    "gamma": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+    "gae_lambda": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
+    "clip_range": ("a number > 0 or a schedule", lambda v: callable(v) or (is_number(v) and v > 0)),
+    "vf_coef": ("a number >= 0", lambda v: is_number(v) and v >= 0),
+    "ent_coef": ("a finite number", lambda v: is_number(v) and math.isfinite(v)),
+    "max_grad_norm": ("a number > 0 (math.inf: no clipping)", lambda v: is_number(v) and v > 0),
+    "target_kl": ("None or a number > 0", lambda v: v is None or (is_number(v) and v > 0)),
+}
+
+
+def check_ppo_arguments(model: object) -> None:
+    """ValueError naming the first of PPO's own arguments (:data:`PPO_ARGUMENTS`) that ``model`` holds a value of
+    that no PPO run can mean; arguments the model does not have are skipped."""
+    for name, (allowed, ok) in PPO_ARGUMENTS.items():
+        if hasattr(model, name) and not ok(getattr(model, name)):
+            raise ValueError(f"{name} must be {allowed}, got {getattr(model, name)!r}")
 
 
 def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: int = 1) -> None:

@@ -61,12 +61,12 @@ class KLAdaptiveLR:
 
 
 def resolve_learning_rate(learning_rate: object) -> object:
-    """``"kl_adaptive"`` becomes a :class:`KLAdaptiveLR` with its defaults; numbers and callables pass unchanged."""
-    if isinstance(learning_rate, str):
-        if learning_rate != KL_ADAPTIVE:
-            raise ValueError(
-                f"learning_rate must be a number, a schedule (callable of the progress remaining), a KLAdaptiveLR or "
-                f"{KL_ADAPTIVE!r}, got {learning_rate!r}"
-            )
+    """``"kl_adaptive"`` becomes a :class:`KLAdaptiveLR` with its defaults; numbers > 0 and callables pass unchanged;
+    anything else is a ValueError naming what is allowed."""
+    if isinstance(learning_rate, str) and learning_rate == KL_ADAPTIVE:
         return KLAdaptiveLR()
+    if isinstance(learning_rate, str) or not (callable(learning_rate) or
+                                              (is_number(learning_rate) and learning_rate > 0)):
+        raise ValueError(f"learning_rate must be a number > 0, a schedule (callable of the progress remaining), a "
+                         f"KLAdaptiveLR or {KL_ADAPTIVE!r}, got {learning_rate!r}")
     return learning_rate
