@@ -65,8 +65,7 @@ def resolve_learning_rate(learning_rate: object) -> object:
     anything else is a ValueError naming what is allowed."""
     if isinstance(learning_rate, str) and learning_rate == KL_ADAPTIVE:
         return KLAdaptiveLR()
-    if isinstance(learning_rate, str) or not (callable(learning_rate) or
-                                              (is_number(learning_rate) and learning_rate > 0)):
+    if not (callable(learning_rate) or (is_number(learning_rate) and learning_rate > 0)):  # a str is neither
         raise ValueError(f"learning_rate must be a number > 0, a schedule (callable of the progress remaining), a "
                          f"KLAdaptiveLR or {KL_ADAPTIVE!r}, got {learning_rate!r}")
     return learning_rate
