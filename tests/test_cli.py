@@ -26,8 +26,13 @@ def _keep_threads() -> Iterator[None]:
 
 
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run the CLI in-process, assert exit code 2 and a one-line stderr; return that line."""
-    assert cli.main(argv) == 2
+    """Run the CLI in-process, assert exit code 2 (returned, or argparse's SystemExit) and a one-line stderr; return
+    that line."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     return err[0]
@@ -57,6 +62,13 @@ def test_typo_in_env_id_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
         (["--threads", "0"], "--threads must be an int >= 1, got 0"),
         (["--eval-episodes", "0"], "--eval-episodes must be >= 1, got 0"),
         (["--config", "missing.yml"], "No such file or directory: 'missing.yml'"),
+        (["--seed", "-1"], "argument --seed: must be an int >= 0, got '-1'"),
+        (["--device", "tpu"], "argument --device: must be 'auto', 'cpu', 'cuda', 'mps', 'cuda:<index>'"),
+        (["--device", "cuda:99"], "argument --device: 'cuda:99'"),  # no CUDA here, or not 100 GPUs: never a CPU run
+        (["--set", "n_steps=1.5"], "n_steps must be an int >= 1, got 1.5"),
+        (["--set", "clip_range=lin_-0.2"], "clip_range: 'lin_<number>' decays from the number to 0, so the number "
+                                           "must be > 0, got 'lin_-0.2'"),
+        (["--set", "policy_kwargs=dict(net_arch=[64, 0])"], "policy_kwargs['net_arch'] layer sizes must be ints >= 1"),
     ],
 )
 def test_train_mistakes_are_one_line_errors(argv: list[str], message: str, tmp_path: Path,

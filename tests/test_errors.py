@@ -43,12 +43,19 @@ def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [  # PPO's own arguments that SB3 takes silently, though each value stops, reverses or breaks learning
+        (dict(n_steps=0), r"n_steps must be an int >= 1, got 0"),
+        (dict(n_steps=64.0), r"n_steps must be an int >= 1, got 64.0"),
         (dict(n_epochs=0), r"n_epochs must be an int >= 1, got 0"),
         (dict(n_epochs=2.0), r"n_epochs must be an int >= 1, got 2.0"),
         (dict(gamma=1.01), r"gamma must be a number in \[0, 1\], got 1.01"),
         (dict(gae_lambda=-0.1), r"gae_lambda must be a number in \[0, 1\], got -0.1"),
-        (dict(clip_range=0.0), r"clip_range must be a number > 0 or a schedule, got 0.0"),
-        (dict(clip_range="0.2"), r"clip_range must be a number > 0 or a schedule, got '0.2'"),
+        (dict(clip_range=0.0), r"clip_range must be a number > 0 or a schedule whose value at the start .* > 0, got 0.0"),
+        (dict(clip_range="0.2"), r"clip_range must be a number > 0 or a schedule .*, got '0.2'"),
+        (dict(clip_range=lambda progress: -0.2 * progress), r"clip_range must be a number > 0 or a schedule whose value "
+                                                            r"at the start \(progress_remaining=1\) is > 0, got <function"),
+        (dict(policy_kwargs=dict(net_arch=[0])), r"policy_kwargs\['net_arch'\] layer sizes must be ints >= 1 .*got \[0\]"),
+        (dict(policy_kwargs=dict(net_arch=dict(pi=[8], vf=[8, -4]))), r"layer sizes must be ints >= 1"),
+        (dict(policy_kwargs=dict(net_arch=[dict(pi=[0], vf=[8])])), r"layer sizes must be ints >= 1"),  # SB3's older form
         (dict(vf_coef=-0.5), r"vf_coef must be a number >= 0, got -0.5"),
         (dict(ent_coef=float("nan")), r"ent_coef must be a finite number, got nan"),
         (dict(max_grad_norm=-1), r"max_grad_norm must be a number > 0 \(math.inf: no clipping\), got -1"),

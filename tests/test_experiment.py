@@ -178,3 +178,21 @@ def test_bench_report_without_baseline_runs_says_so(tmp_path: Path, capsys: pyte
     out = _run(["bench", "--tasks", "T", "--out", str(tmp_path), "--report-only"], capsys)
     assert "| n/a (no baseline runs) | n/a |" in out and "nan" not in out
     assert "T, scalable_ppo_gpu: no SB3 PPO runs to compare with" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--report-only"], "--report-only: no runs in "),
+    (["--eval-every", "0"], "--eval-every must be >= 1, got 0"),
+    (["--threshold-frac", "-0.5"], "--threshold-frac must be > 0, got -0.5"),
+    (["--seeds", "0", "-2"], "argument --seeds: must be an int >= 0, got '-2'"),
+])
+def test_bench_mistakes_are_one_line_errors(argv: list[str], message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = cli.main(["bench", "--tasks", "CartPole-v1", "--out", str(tmp_path / "out"), *argv])
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sb3-ppo-scale bench: error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -34,7 +34,12 @@ from stable_baselines3.common.utils import explained_variance
 
 from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.checkpoint import load_checkpoint
-from sb3_ppo_scale.core.checks import check_batching, check_ppo_arguments, check_rollout_buffer_kwargs
+from sb3_ppo_scale.core.checks import (
+    check_batching,
+    check_net_arch,
+    check_ppo_arguments,
+    check_rollout_buffer_kwargs,
+)
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
@@ -145,6 +150,7 @@ class ScalableOnPolicyMixin:
         # before the algorithm's own `batch_size > 1` assertion, so that error reads like every other
         # (ScaleConfig.validate)
         check_batching(base_args.arguments["batch_size"], grad_accum_steps, base_args.arguments["normalize_advantage"])
+        check_ppo_arguments(base_args.arguments)  # n_steps before the algorithm divides by it
         # plain attributes, so SB3's save() keeps them; ScaleConfig.of(self) reads them back in _setup_model
         self.__dict__.update(grad_accum_steps=grad_accum_steps, buffer_device=buffer_device, objective=objective,
                              kl_coef=kl_coef, kl_penalty_target=kl_penalty_target, kl_adapt_factor=kl_adapt_factor,
@@ -165,7 +171,8 @@ class ScalableOnPolicyMixin:
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         self._check_supported(self._config)
         check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
-        check_ppo_arguments(self)
+        check_ppo_arguments(vars(self))
+        check_net_arch(self.policy_kwargs)
         super()._setup_model()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())

@@ -8,6 +8,8 @@ import math
 import numbers
 import os
 import shutil
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -40,16 +42,24 @@ def check_batching(batch_size: object, grad_accum_steps: object, normalize_advan
         )
 
 
+def _positive_at_start(schedule: object) -> bool:
+    """A schedule's value at the start of training (``progress_remaining=1``) is a number > 0."""
+    value = schedule(1.0)  # type: ignore[operator]  # SB3 calls its learning-rate schedule at 1 when it builds too
+    return is_number(value) and value > 0
+
+
 #: PPO's own numeric arguments that SB3 takes without a check, although some values silently stop or reverse
 #: learning (``n_epochs=0`` never updates, ``max_grad_norm=-1`` turns every step into gradient ascent, a negative
-#: ``target_kl`` stops every epoch at its first minibatch): name -> (what is allowed, the test). ``clip_range`` may
-#: also be a schedule (a callable, not checked); ``clip_range_vf`` SB3 checks itself, ``learning_rate``
+#: ``target_kl`` stops every epoch at its first minibatch, ``clip_range <= 0`` clips every ratio to at most 1):
+#: name -> (what is allowed, the test). ``clip_range_vf`` SB3 checks itself, ``learning_rate``
 #: :func:`~sb3_ppo_scale.core.lr.resolve_learning_rate`.
 PPO_ARGUMENTS = {
+    "n_steps": ("an int >= 1", lambda v: isinstance(v, numbers.Integral) and is_number(v) and v >= 1),
     "n_epochs": ("an int >= 1", lambda v: isinstance(v, numbers.Integral) and is_number(v) and v >= 1),
     "gamma": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
     "gae_lambda": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
-    "clip_range": ("a number > 0 or a schedule", lambda v: callable(v) or (is_number(v) and v > 0)),
+    "clip_range": ("a number > 0 or a schedule whose value at the start (progress_remaining=1) is > 0",
+                   lambda v: _positive_at_start(v) if callable(v) else is_number(v) and v > 0),
     "vf_coef": ("a number >= 0", lambda v: is_number(v) and v >= 0),
     "ent_coef": ("a finite number", lambda v: is_number(v) and math.isfinite(v)),
     "max_grad_norm": ("a number > 0 (math.inf: no clipping)", lambda v: is_number(v) and v > 0),
@@ -57,12 +67,27 @@ PPO_ARGUMENTS = {
 }
 
 
-def check_ppo_arguments(model: object) -> None:
-    """ValueError naming the first of PPO's own arguments (:data:`PPO_ARGUMENTS`) that ``model`` holds a value of
-    that no PPO run can mean; arguments the model does not have are skipped."""
+def check_ppo_arguments(values: Mapping[str, object]) -> None:
+    """ValueError naming the first of PPO's own arguments (:data:`PPO_ARGUMENTS`) whose value in ``values`` (the
+    constructor's arguments, or a model's ``vars()``) no PPO run can mean; arguments missing from ``values`` are
+    skipped."""
     for name, (allowed, ok) in PPO_ARGUMENTS.items():
-        if hasattr(model, name) and not ok(getattr(model, name)):
-            raise ValueError(f"{name} must be {allowed}, got {getattr(model, name)!r}")
+        if name in values and not ok(values[name]):
+            raise ValueError(f"{name} must be {allowed}, got {values[name]!r}")
+
+
+def check_net_arch(policy_kwargs: Mapping[str, Any] | None) -> None:
+    """Every integer layer size in ``policy_kwargs["net_arch"]`` (a list, ``dict(pi=[...], vf=[...])``, or SB3's
+    older ``[dict(...)]``) is >= 1: SB3 builds a zero-width layer and trains a policy that ignores its
+    observations. Anything else in ``net_arch`` is left to SB3."""
+    net_arch = (policy_kwargs or {}).get("net_arch")
+    if isinstance(net_arch, list) and net_arch and isinstance(net_arch[0], dict):
+        net_arch = net_arch[0]
+    parts = net_arch.values() if isinstance(net_arch, dict) else [net_arch]
+    sizes = [size for part in parts if isinstance(part, (list, tuple)) for size in part]
+    if any(isinstance(size, numbers.Integral) and is_number(size) and size < 1 for size in sizes):
+        raise ValueError(f"policy_kwargs['net_arch'] layer sizes must be ints >= 1 (an empty list: no hidden layer), "
+                         f"got {(policy_kwargs or {})['net_arch']!r}")
 
 
 def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: int = 1) -> None:

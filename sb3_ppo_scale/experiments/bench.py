@@ -48,7 +48,7 @@ import numpy as np
 from sb3_ppo_scale.core.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, Algorithm
-from sb3_ppo_scale.experiments.pipeline import path_part
+from sb3_ppo_scale.experiments.pipeline import path_part, seed_argument
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
@@ -560,7 +560,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="label the ratios and the threshold refer to (default sb3_ppo: the plain entry; when "
                              "every label is of one contrib algorithm: the first label's maskable_ppo / recurrent_ppo "
                              "pair)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=seed_argument, default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=50_000, help="env steps per run (default 50000)")
     parser.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")
     parser.add_argument("--eval-episodes", type=int, default=5)
@@ -640,11 +640,25 @@ def default_baseline(labels: list[str], baseline: str) -> str:
     return next(label for label in with_pairs(labels) if parse_label(label)[0] in BASELINES)
 
 
+#: bench's count arguments: each must be an int >= 1
+COUNT_ARGUMENTS = ("budget", "eval_every", "eval_episodes", "final_episodes", "workers")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming the first argument no benchmark can run with."""
+    for name in COUNT_ARGUMENTS:
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.threshold_frac > 0:
+        raise ValueError(f"--threshold-frac must be > 0, got {args.threshold_frac}")
+
+
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
-    if args.budget < 1 or args.workers < 1:
-        raise ValueError(f"budget and workers must be >= 1, got {args.budget}, {args.workers}")
+    check_arguments(args)
     args.baseline = default_baseline(args.algos, args.baseline)
     out = Path(args.out)
+    if args.report_only and not any((out / "runs").glob("*.json")):
+        raise FileNotFoundError(f"--report-only: no runs in {out / 'runs'}; run bench without --report-only first")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = _jobs(args, out)
     print(f"{len(jobs)} runs to do, {args.workers} at a time")

@@ -37,7 +37,15 @@ from sb3_ppo_scale.distributed import is_main_process
 from sb3_ppo_scale import checkpoint as checkpointing
 from sb3_ppo_scale.experiments import bench as bench_module
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm, evaluate_policy
-from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, EVAL_SEED_OFFSET, VEC_ENV_KINDS, path_part, set_threads
+from sb3_ppo_scale.experiments.pipeline import (
+    DEFAULT_THREADS,
+    EVAL_SEED_OFFSET,
+    VEC_ENV_KINDS,
+    device_argument,
+    path_part,
+    seed_argument,
+    set_threads,
+)
 
 #: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
 FINAL_EVAL_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
@@ -77,8 +85,9 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", default=None, help="use the entry <env>@<variant>, e.g. gpu or cpu")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one hyperparameter (repeatable), e.g. --set n_envs=4 --set learning_rate=lin_1e-3")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="torch device for the policy (default auto)")
+    parser.add_argument("--seed", type=seed_argument, default=0)
+    parser.add_argument("--device", type=device_argument, default="auto",
+                        help="torch device for the policy: auto (default), cpu, cuda, cuda:<index> or mps")
     parser.add_argument("--n-timesteps", type=int, default=None, help="env steps (default: the entry's n_timesteps)")
     parser.add_argument("--vec-env", choices=VEC_ENV_KINDS, default=None,
                         help="how envs are vectorised (default: the entry's vec_env, else dummy); envpool needs "
@@ -144,12 +153,12 @@ def train(args: argparse.Namespace) -> int:
 def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps: int,
                resume_from: Path | None = None) -> tuple[Any, Any]:
     """Envs, model (from ``resume_from``, a checkpoint, if given), evaluation callback and ``config.yml`` of a run;
-    the run folder is removed again (if this created it) when any of them fails."""
+    the run folder (and any parent folder this created) is removed again when any of them fails."""
     from sb3_ppo_scale.experiments import zoo
     from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
 
     main = is_main_process()
-    created = main and not run_dir.exists()
+    created = _first_missing(run_dir) if main else None
     try:
         env = zoo.make_envs(config, seed=args.seed, monitor_dir=str(run_dir / "monitor") if main else None)
         cls = algorithm(args.algo).cls
@@ -172,10 +181,20 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
         if main:
             _write_run_config(run_dir, config, args, n_timesteps)
     except BaseException:
-        if created:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
     return model, callback
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (itself or a parent) that does not exist yet: what creating ``path`` creates
+    (``logs/`` too when it is missing); None when ``path`` exists."""
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def _print_evaluation(result: Any) -> None:
@@ -205,8 +224,9 @@ def _write_run_config(run_dir: Path, config: Any, args: argparse.Namespace, n_ti
 def _add_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", required=True, help="the run folder written by train")
     parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation env")
+    parser.add_argument("--device", type=device_argument, default="auto",
+                        help="torch device for the policy: auto (default), cpu, cuda, cuda:<index> or mps")
+    parser.add_argument("--seed", type=seed_argument, default=12345, help="seed of the evaluation env")
     parser.add_argument("--stochastic", action="store_true", help="sample actions (default: deterministic)")
     parser.add_argument("--best", action="store_true", help="load best_model.zip instead of model.zip")
     add_threads_argument(parser)

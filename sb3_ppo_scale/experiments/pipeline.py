@@ -9,13 +9,15 @@
 - :class:`PeriodicEvalCallback`: deterministic evaluation every ``eval_freq`` env steps with frozen VecNormalize
   statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``);
 - :data:`DEFAULT_THREADS` and :func:`set_threads`: torch's intra-op threads for small policies;
-- :func:`path_part`: an env id or config entry as a file or folder name.
+- :func:`path_part`: an env id or config entry as a file or folder name;
+- :func:`seed_argument` and :func:`device_argument`: argparse types of the commands' ``--seed`` and ``--device``.
 
 :mod:`sb3_ppo_scale.experiments.zoo` turns a config into envs and a model with these.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
+from sb3_ppo_scale.core.checks import resolve_device
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments.algorithms import evaluate_policy  # sb3-contrib's masked one for a maskable model
 
@@ -95,6 +98,27 @@ def set_threads(threads: int) -> int:
         raise ValueError(f"--threads must be an int >= 1, got {threads!r}")
     th.set_num_threads(threads)
     return threads
+
+
+def seed_argument(text: str) -> int:
+    """argparse type of a seed: an int >= 0 (gymnasium and NumPy refuse negative seeds, deep inside env creation)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return seed
+
+
+def device_argument(text: str) -> str:
+    """argparse type of a policy device: 'auto', or a device of a kind SB3 trains on that exists on this machine
+    (SB3 itself would fall back to the CPU without a word when CUDA is missing); returned as given."""
+    try:
+        resolve_device(text, "--device", th.device("cpu"))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--device ").removeprefix("--device=")) from error
+    return text
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

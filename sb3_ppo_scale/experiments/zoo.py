@@ -17,6 +17,7 @@ import ast
 import copy
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSche
         except ValueError:
             initial = None
         if kind == "lin" and initial is not None:
+            if not (math.isfinite(initial) and initial > 0):
+                raise ValueError(f"{key}: 'lin_<number>' decays from the number to 0, so the number must be > 0, "
+                                 f"got {value!r}")
             return LinearSchedule(initial)
         try:
             return float(value)
