@@ -12,7 +12,8 @@ A checkpoint is one file (``torch.save`` of a dict, written to a temporary file 
   CUDA), NumPy and Python RNG states, each env's ``np_random`` state (where ``get_attr`` can read it), the
   VecNormalize statistics, the prioritized buffer's retained pool (``PrioritizedRolloutBuffer.state_dict()``),
   SB3's ``_last_obs`` / ``_last_episode_starts`` / ``_last_original_obs``, the episode-info buffers, the logger's
-  pending values (the last update's ``train/*`` records, written at the next log step), the non-finite guard's
+  pending values (the last update's ``train/*`` records, written at the next log step), the episodes in progress
+  (:func:`~sb3_ppo_scale.envs.episodes.capture_episodes`, where every env layer is known), the non-finite guard's
   consecutive-skip count, gSDE's exploration matrices and the algorithm's own boundary state (its
   ``_boundary_state()`` hook: RecurrentPPO's last LSTM states);
 - ``logger``: the TensorBoard folder, so a resumed run writes into the same run folder.
@@ -22,7 +23,8 @@ abandoned: the checkpoint is the state at the start of that rollout (captured th
 retained pool do not change during collection).
 
 Resuming: :func:`load_checkpoint` (also ``ScalablePPO.load_checkpoint(path, env)``) rebuilds the model on a new env,
-resets that env (episodes in progress at the checkpoint restart; see docs/checkpoints.md) and restores the rest;
+resets that env, puts back the episodes in progress where :mod:`sb3_ppo_scale.envs.episodes` captured them (else
+they restart; see docs/checkpoints.md) and restores the rest;
 :func:`learn_resumable` runs ``learn()`` for what is left of the saved budget, in the same TensorBoard run, with a
 :class:`ResumableCheckpoint` callback that writes every ``every_steps`` env steps and on SIGTERM/SIGINT, and
 raises :class:`TrainingPreempted` (a ``SystemExit`` with code :data:`PREEMPTED_EXIT_CODE`) after writing.
@@ -58,6 +60,8 @@ from stable_baselines3.common.logger import (
     configure,
 )
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
+
+from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes
 
 #: Format version of the checkpoint dict (a checkpoint of another version is refused with a clear error).
 CHECKPOINT_VERSION = 1
@@ -196,6 +200,7 @@ def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
         "rng": _rng_state(),
         "env_rng": env_rng,
         "env_rng_note": env_rng_note,
+        **_episodes(env),
         "vec_normalize": None if vec_normalize is None else {
             "obs_rms": copy.deepcopy(vec_normalize.obs_rms), "ret_rms": copy.deepcopy(vec_normalize.ret_rms),
             "settings": {name: copy.deepcopy(getattr(vec_normalize, name)) for name in _VEC_NORMALIZE_SETTINGS}},
@@ -209,6 +214,12 @@ def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
         "sde_noise": _sde_noise(model),
         "algorithm_state": _algorithm_state(model),
     }
+
+
+def _episodes(env: VecEnv | None) -> dict[str, Any]:
+    """The episodes in progress (``episodes``; None where they cannot be captured, and why: ``episodes_note``)."""
+    episodes, note = capture_episodes(env) if env is not None else (None, "no env")
+    return {"episodes": episodes, "episodes_note": note}
 
 
 def _algorithm_state(model: BaseAlgorithm) -> dict[str, Any]:
@@ -345,8 +356,10 @@ def _prepare_env(env: VecEnv, local: dict[str, Any]) -> VecEnv:
     return VecNormalize(env, **saved["settings"])
 
 
-def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> None:
-    """Reset the env without touching VecNormalize's statistics, then restore them and each env's RNG."""
+def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> bool:
+    """Reset the env without touching VecNormalize's statistics, then restore them, each env's RNG and, where the
+    checkpoint holds them, the episodes in progress (then the run continues from the checkpoint's observations).
+    Returns whether the episodes were put back."""
     env, vec_normalize = model.get_env(), model.get_vec_normalize_env()
     assert env is not None
     if vec_normalize is not None:
@@ -363,10 +376,21 @@ def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> None:
         model._last_original_obs = vec_normalize.get_original_obs()
     if local["env_rng"] is not None and len(local["env_rng"]) == env.num_envs:
         _set_env_rng_states(env, local["env_rng"])
+    episodes = local.get("episodes")  # checkpoints written before episodes were captured hold none
+    if episodes is None or local["env_rng"] is None or not restore_episodes(env, episodes):
+        return False
+    model._last_obs = copy.deepcopy(local["last_obs"])
+    model._last_episode_starts = copy.deepcopy(local["last_episode_starts"])
+    if vec_normalize is not None:
+        model._last_original_obs = vec_normalize.get_original_obs()
+    return True
 
 
-def _restarted_envs(model: BaseAlgorithm, local: dict[str, Any]) -> int:
-    """How many envs start from another observation than the checkpointed run would have (0: exact)."""
+def _restarted_envs(model: BaseAlgorithm, local: dict[str, Any], continued: bool) -> int:
+    """How many envs start from another observation than the checkpointed run would have (0: exact; also when the
+    episodes in progress were ``continued``)."""
+    if continued:
+        return 0
     saved_obs, starts = local["last_obs"], local["last_episode_starts"]
     if saved_obs is None or starts is None or isinstance(saved_obs, dict):
         return 0 if saved_obs is None else int(np.sum(~np.asarray(starts, dtype=bool)))
@@ -423,14 +447,16 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
                          "as for the checkpointed run")
     model = cls.load(io.BytesIO(state["model_zip"]), env=_prepare_env(env, local), device=device, **kwargs)
     _restore_counters(model, state["counters"])
-    _restore_env(model, local)
+    continued = _restore_env(model, local)
     _restore_local(model, local)
     notes = []
     if local["env_rng"] is None:
         notes.append(f"env RNG not restored ({local['env_rng_note']})")
-    restarted = _restarted_envs(model, local)
+    restarted = _restarted_envs(model, local, continued)
     if restarted:
-        notes.append(f"{restarted} env(s) restart their episode (mid-episode at the checkpoint, or a random reset)")
+        why = local.get("episodes_note") or "the env is not built as the checkpointed one was"
+        notes.append(f"{restarted} env(s) restart their episode (mid-episode at the checkpoint, or a random reset; "
+                     f"episodes in progress not restored: {why})")
     _RESUMED[model] = {"state": state, "local": local, "notes": notes, "path": Path(path), "last_obs": model._last_obs}
     return model
 

@@ -171,7 +171,8 @@ def test_mid_episode_resume_is_reported(tmp_path: Path) -> None:
     path = save_checkpoint(model, tmp_path / "mid.pt")
     resumed = load_checkpoint(path, make_env(), device="cpu")
     assert resume_notes(resumed) == [f"{N_ENVS} env(s) restart their episode (mid-episode at the checkpoint, or a "
-                                     "random reset)"]
+                                     "random reset; episodes in progress not restored: test_checkpoint.FixedLengthEnv "
+                                     "is not a layer whose episode state is known)"]
     assert resumed._last_episode_starts.all()
 
 
@@ -439,3 +440,71 @@ def test_checkpoint_loads_as_the_class_that_wrote_it(tmp_path: Path) -> None:
     del state["algorithm_class"]  # a checkpoint written before the class was recorded loads as ScalablePPO
     th.save(state, tmp_path / "old.pt")
     assert type(load_checkpoint(tmp_path / "old.pt", make_env(), device="cpu")) is ScalablePPO
+
+
+# ------------------------------------------------------------------------------------------------ episodes in progress
+class OptedInEnv(FixedLengthEnv):
+    """FixedLengthEnv that hands its episode state to the checkpoint (``get_episode_state`` / ``set_episode_state``)."""
+
+    def get_episode_state(self) -> tuple[int, np.ndarray]:
+        return self.t, self.x.copy()
+
+    def set_episode_state(self, state: tuple[int, np.ndarray]) -> None:
+        self.t, self.x = state[0], state[1].copy()
+
+
+#: name -> (env factory, PPO keyword arguments); n_steps never divides an episode: every checkpoint is mid-episode
+MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
+    "hopper_vec_normalize": (lambda: VecNormalize(make_vec_env("Hopper-v5", n_envs=2, seed=5)), {}),
+    "ant": (lambda: make_vec_env("Ant-v5", n_envs=1, seed=5), {}),  # its reward reads positions mj_step left stale
+    "cartpole": (lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5), {}),
+    "pendulum_gsde": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5), {"use_sde": True, "sde_sample_freq": 4}),
+    "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
+}
+
+
+def _mid_episode_model(case: str) -> ScalablePPO:
+    make, kwargs = MID_EPISODE_CASES[case]
+    return ScalablePPO("MlpPolicy", make(), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
+                       policy_kwargs={"net_arch": [8]}, **kwargs)
+
+
+@pytest.mark.parametrize("case", list(MID_EPISODE_CASES))
+def test_episodes_in_progress_continue_and_the_run_stays_bit_identical(case: str, tmp_path: Path) -> None:
+    make, _ = MID_EPISODE_CASES[case]
+    reference = _mid_episode_model(case)
+    rollout = reference.n_steps * reference.n_envs
+    total = 5 * rollout
+    reference.learn(total)
+    model, path = _mid_episode_model(case), tmp_path / "checkpoint.pt"
+    checkpoint = ResumableCheckpoint(path, every_steps=rollout, signals=())
+    with pytest.raises(TrainingPreempted):
+        learn_resumable(model, total, checkpoint, callback=StopAt(checkpoint, 2 * rollout + 3 * reference.n_envs))
+    assert not read_checkpoint(path)["ranks"][0]["last_episode_starts"].all()  # a checkpoint mid-episode
+    resumed = ScalablePPO.load_checkpoint(path, make(), device="cpu")
+    assert resume_notes(resumed) == []
+    learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()))
+    assert_identical(reference, resumed)
+    assert [info["r"] for info in resumed.ep_info_buffer] == [info["r"] for info in reference.ep_info_buffer]
+    assert np.array_equal(resumed._last_obs, reference._last_obs)
+
+
+class HalvedReward(gym.RewardWrapper):
+    """A user's wrapper: stateless, but the checkpoint cannot know that."""
+
+    def reward(self, reward: float) -> float:
+        return reward / 2
+
+
+def test_an_env_layer_without_known_state_restarts_and_says_which(tmp_path: Path) -> None:
+    def make() -> VecEnv:
+        return make_vec_env("CartPole-v1", n_envs=2, seed=5, wrapper_class=HalvedReward)
+
+    model = ScalablePPO("MlpPolicy", make(), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu")
+    model.learn(46)
+    path = save_checkpoint(model, tmp_path / "mid.pt")
+    resumed = load_checkpoint(path, make(), device="cpu")
+    assert resume_notes(resumed) == ["2 env(s) restart their episode (mid-episode at the checkpoint, or a random "
+                                     "reset; episodes in progress not restored: test_checkpoint.HalvedReward is not "
+                                     "a layer whose episode state is known)"]
+    assert resumed._last_episode_starts.all()

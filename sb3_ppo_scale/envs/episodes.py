@@ -1,0 +1,164 @@
+"""Episodes in progress, captured at a rollout boundary and put back on resume, so that a resumed run continues
+them step for step instead of resetting its envs.
+
+An env's episode state is the state of each layer of its wrapper chain, outermost first:
+
+- the layers of :data:`LAYER_ATTRIBUTES` (SB3's ``Monitor``, Gymnasium's ``TimeLimit``, ``OrderEnforcing`` and
+  ``PassiveEnvChecker``, the classic-control envs): those attributes, deep-copied;
+- Gymnasium's MuJoCo envs (classes defined in ``gymnasium.envs.mujoco``): a copy of the whole ``MjData``, put back
+  with ``mujoco.mj_copyData``. A copy of the integration state alone (``mj_getState``) is not enough: the envs read
+  body positions that ``mj_step`` left from before its last integration (Ant's and Humanoid's rewards), and
+  ``mj_forward`` would recompute them from the new state;
+- any layer whose class defines ``get_episode_state()`` and ``set_episode_state(state)`` (your own env or wrapper
+  can opt in this way): what those return and take.
+
+The env's ``np_random`` is not part of it (the checkpoint restores it for every env). Model parameters an env
+changes itself (domain randomisation) are not captured. An env with any other layer has no episode state
+(:func:`capture_episodes` says which layer); the resumed run then resets it, as before.
+
+Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), under any number of ``VecNormalize`` wrappers
+(its running discounted return per env, ``returns``, and the last raw observation and reward). Any other VecEnv
+(``SubprocVecEnv``, EnvPool, ``VecFrameStack``, ...) has no episode state here.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.classic_control import AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
+
+#: Exact classes -> the attributes that hold an episode's state (the class's other attributes are set at
+#: construction and do not change while it runs).
+LAYER_ATTRIBUTES: dict[type, tuple[str, ...]] = {
+    Monitor: ("rewards", "needs_reset", "episode_returns", "episode_lengths", "episode_times", "total_steps",
+              "current_reset_info"),
+    TimeLimit: ("_elapsed_steps",),
+    OrderEnforcing: ("_has_reset",),
+    PassiveEnvChecker: ("checked_reset", "checked_step", "checked_render"),
+    CartPoleEnv: ("state", "steps_beyond_terminated"),
+    PendulumEnv: ("state", "last_u"),
+    AcrobotEnv: ("state",),
+    MountainCarEnv: ("state",),
+    Continuous_MountainCarEnv: ("state",),
+}
+#: VecEnv wrappers -> the attributes that change while episodes run
+VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {VecNormalize: ("returns", "old_obs", "old_reward")}
+#: Gymnasium's MuJoCo envs: the module their classes are defined in starts with this
+MUJOCO_MODULE = "gymnasium.envs.mujoco."
+
+
+def _name(cls: type) -> str:
+    """A class by name (checkpoints keep names, so a class that cannot be imported still loads)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _opted_in(layer: Any) -> bool:
+    return callable(getattr(type(layer), "get_episode_state", None)) and \
+        callable(getattr(type(layer), "set_episode_state", None))
+
+
+def _is_mujoco(layer: Any) -> bool:
+    return type(layer).__module__.startswith(MUJOCO_MODULE) and hasattr(layer, "data") and hasattr(layer, "model")
+
+
+def _layers(env: gym.Env) -> list[Any]:
+    """``env``'s wrapper chain, outermost first, down to the unwrapped env."""
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
+
+
+def _capture_layer(layer: Any) -> dict[str, Any] | None:
+    if _opted_in(layer):
+        return {"custom": layer.get_episode_state()}
+    if _is_mujoco(layer):
+        return {"mjdata": copy.copy(layer.data)}  # MjData's copy is a full, independent one
+    names = LAYER_ATTRIBUTES.get(type(layer))
+    if names is None:
+        return None
+    return {name: copy.deepcopy(getattr(layer, name, None)) for name in names}
+
+
+def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
+    if "custom" in state:
+        layer.set_episode_state(state["custom"])
+    elif "mjdata" in state:
+        import mujoco
+
+        mujoco.mj_copyData(layer.data, layer.model, state["mjdata"])
+    else:
+        for name, value in state.items():
+            setattr(layer, name, copy.deepcopy(value))
+
+
+def capture_env(env: gym.Env) -> tuple[list[Any] | None, str]:
+    """(each layer's episode state, outermost first; "") or (None, the first layer that has none)."""
+    states = []
+    for layer in _layers(env):
+        state = _capture_layer(layer)
+        if state is None:
+            return None, f"{type(layer).__module__}.{type(layer).__qualname__} is not a layer whose episode state is known"
+        states.append((_name(type(layer)), state))
+    return states, ""
+
+
+def restore_env(env: gym.Env, states: list[Any]) -> bool:
+    """Put ``states`` (from :func:`capture_env`) back into ``env``, a fresh env built as the captured one was; False
+    (nothing changed) when its layers are not the captured ones."""
+    layers = _layers(env)
+    if [_name(type(layer)) for layer in layers] != [name for name, _ in states]:
+        return False
+    for layer, (_, state) in zip(layers, states):
+        _restore_layer(layer, state)
+    return True
+
+
+def _vec_layers(venv: VecEnv) -> list[VecEnv]:
+    layers = [venv]
+    while hasattr(layers[-1], "venv"):
+        layers.append(layers[-1].venv)
+    return layers
+
+
+def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
+    """The episode state of every env of ``venv`` and of its VecEnv wrappers, or (None, why not)."""
+    layers = _vec_layers(venv)
+    wrappers, base = layers[:-1], layers[-1]
+    for wrapper in wrappers:
+        if type(wrapper) not in VEC_ATTRIBUTES:
+            return None, f"VecEnv wrapper {type(wrapper).__name__} is not one whose episode state is known"
+    if type(base) is not DummyVecEnv:
+        return None, f"{type(base).__name__}: only a DummyVecEnv's envs (in this process) can be captured"
+    envs = []
+    for env in base.envs:
+        states, why = capture_env(env)
+        if states is None:
+            return None, why
+        envs.append(states)
+    vec = [(_name(type(w)), {name: copy.deepcopy(getattr(w, name, None)) for name in VEC_ATTRIBUTES[type(w)]}) for w in wrappers]
+    return {"vec": vec, "envs": envs}, ""
+
+
+def restore_episodes(venv: VecEnv, captured: dict[str, Any]) -> bool:
+    """Put the episodes of :func:`capture_episodes` back into ``venv`` (built and reset as the captured one was);
+    False, with nothing changed, when ``venv`` is not made of the same layers."""
+    layers = _vec_layers(venv)
+    wrappers, base = layers[:-1], layers[-1]
+    if [_name(type(w)) for w in wrappers] != [name for name, _ in captured["vec"]] or type(base) is not DummyVecEnv \
+            or len(base.envs) != len(captured["envs"]):
+        return False
+    if any([_name(type(layer)) for layer in _layers(env)] != [name for name, _ in states]
+           for env, states in zip(base.envs, captured["envs"])):
+        return False
+    for env, states in zip(base.envs, captured["envs"]):
+        restore_env(env, states)
+    for wrapper, (_, state) in zip(wrappers, captured["vec"]):
+        for name, value in state.items():
+            setattr(wrapper, name, copy.deepcopy(value))
+    return True
