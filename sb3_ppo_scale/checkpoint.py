@@ -379,11 +379,25 @@ def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> bool:
     episodes = local.get("episodes")  # checkpoints written before episodes were captured hold none
     if episodes is None or local["env_rng"] is None or not restore_episodes(env, episodes):
         return False
-    model._last_obs = copy.deepcopy(local["last_obs"])
+    model._last_obs = _in_layout_of(model._last_obs, local["last_obs"])
     model._last_episode_starts = copy.deepcopy(local["last_episode_starts"])
     if vec_normalize is not None:
         model._last_original_obs = vec_normalize.get_original_obs()
     return True
+
+
+def _in_layout_of(fresh: Any, saved: Any) -> Any:
+    """``saved`` (observations) in new arrays laid out in memory as ``fresh`` (the env's own observations after its
+    reset) are: a checkpoint stores arrays C-ordered, while e.g. VecTransposeImage's observations are transposed views,
+    and a convolution on other strides may round differently. Dicts key by key; anything else is copied as it is."""
+    if isinstance(saved, dict) and isinstance(fresh, dict):
+        return {key: _in_layout_of(fresh.get(key), value) for key, value in saved.items()}
+    if isinstance(saved, np.ndarray) and isinstance(fresh, np.ndarray) and fresh.shape == saved.shape \
+            and fresh.dtype == saved.dtype:
+        laid_out = fresh.copy(order="K")
+        np.copyto(laid_out, saved)
+        return laid_out
+    return copy.deepcopy(saved)
 
 
 def _restarted_envs(model: BaseAlgorithm, local: dict[str, Any], continued: bool) -> int:

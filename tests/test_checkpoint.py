@@ -19,8 +19,8 @@ import pytest
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.checkpoint import (
@@ -453,6 +453,14 @@ class OptedInEnv(FixedLengthEnv):
         self.t, self.x = state[0], state[1].copy()
 
 
+def _pong(env_id: str = "PongNoFrameskip-v4") -> VecEnv:
+    """Pong with SB3's Atari wrappers and 4 stacked frames (the zoo's Atari setting)."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return VecFrameStack(make_atari_env(env_id, n_envs=2, seed=5), n_stack=4)
+
+
 #: name -> (env factory, PPO keyword arguments); n_steps never divides an episode: every checkpoint is mid-episode
 MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "hopper_vec_normalize": (lambda: VecNormalize(make_vec_env("Hopper-v5", n_envs=2, seed=5)), {}),
@@ -460,13 +468,15 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "cartpole": (lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5), {}),
     "pendulum_gsde": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5), {"use_sde": True, "sde_sample_freq": 4}),
     "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
+    "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
 }
 
 
 def _mid_episode_model(case: str) -> ScalablePPO:
     make, kwargs = MID_EPISODE_CASES[case]
-    return ScalablePPO("MlpPolicy", make(), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
-                       policy_kwargs={"net_arch": [8]}, **kwargs)
+    kwargs = dict(kwargs)
+    return ScalablePPO(kwargs.pop("policy", "MlpPolicy"), make(), n_steps=23, batch_size=23, n_epochs=1, seed=2,
+                       device="cpu", policy_kwargs={"net_arch": [8]}, **kwargs)
 
 
 @pytest.mark.parametrize("case", list(MID_EPISODE_CASES))
@@ -508,3 +518,16 @@ def test_an_env_layer_without_known_state_restarts_and_says_which(tmp_path: Path
                                      "reset; episodes in progress not restored: test_checkpoint.HalvedReward is not "
                                      "a layer whose episode state is known)"]
     assert resumed._last_episode_starts.all()
+
+
+def test_sticky_actions_restart_and_say_why(tmp_path: Path) -> None:
+    """ALE's state does not hold the previous action a sticky step repeats: v5 ids (repeat_action_probability 0.25)
+    restart their episodes."""
+    model = ScalablePPO("CnnPolicy", _pong("ALE/Pong-v5"), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
+                        policy_kwargs={"net_arch": [8]})
+    model.learn(46)
+    resumed = load_checkpoint(save_checkpoint(model, tmp_path / "mid.pt"), _pong("ALE/Pong-v5"), device="cpu")
+    assert resume_notes(resumed) == ["2 env(s) restart their episode (mid-episode at the checkpoint, or a random "
+                                     "reset; episodes in progress not restored: ale_py.env.AtariEnv repeats actions "
+                                     "(sticky actions), and the emulator's previous action is not part of ALE's "
+                                     "state)"]

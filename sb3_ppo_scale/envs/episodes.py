@@ -9,6 +9,10 @@ An env's episode state is the state of each layer of its wrapper chain, outermos
   with ``mujoco.mj_copyData``. A copy of the integration state alone (``mj_getState``) is not enough: the envs read
   body positions that ``mj_step`` left from before its last integration (Ant's and Humanoid's rewards), and
   ``mj_forward`` would recompute them from the new state;
+- ALE's ``AtariEnv`` without sticky actions (``repeat_action_probability=0``, the ``NoFrameskip-v4`` ids): the
+  emulator's state with its RNG (``cloneState(include_rng=True)``). With sticky actions (the ``ALE/...-v5`` ids) the
+  next step may repeat the emulator's previous action, which ALE's state does not hold, so there is no episode state;
+  SB3's Atari wrappers are in :data:`LAYER_ATTRIBUTES`;
 - any layer whose class defines ``get_episode_state()`` and ``set_episode_state(state)`` (your own env or wrapper
   can opt in this way): what those return and take.
 
@@ -16,9 +20,10 @@ The env's ``np_random`` is not part of it (the checkpoint restores it for every 
 changes itself (domain randomisation) are not captured. An env with any other layer has no episode state
 (:func:`capture_episodes` says which layer); the resumed run then resets it, as before.
 
-Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), under any number of ``VecNormalize`` wrappers
-(its running discounted return per env, ``returns``, and the last raw observation and reward). Any other VecEnv
-(``SubprocVecEnv``, EnvPool, ``VecFrameStack``, ...) has no episode state here.
+Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), under the wrappers of :data:`VEC_ATTRIBUTES`
+(``VecNormalize``'s running discounted return per env, ``returns``, and the last raw observation and reward;
+``VecFrameStack``'s stacked frames; ``VecTransposeImage``). Any other VecEnv (``SubprocVecEnv``, EnvPool, ...) has no
+episode state here.
 """
 
 from __future__ import annotations
@@ -29,8 +34,17 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.classic_control import AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+from stable_baselines3.common.atari_wrappers import (
+    AtariWrapper,
+    ClipRewardEnv,
+    EpisodicLifeEnv,
+    FireResetEnv,
+    MaxAndSkipEnv,
+    NoopResetEnv,
+    WarpFrame,
+)
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
 
 #: Exact classes -> the attributes that hold an episode's state (the class's other attributes are set at
 #: construction and do not change while it runs).
@@ -45,11 +59,25 @@ LAYER_ATTRIBUTES: dict[type, tuple[str, ...]] = {
     AcrobotEnv: ("state",),
     MountainCarEnv: ("state",),
     Continuous_MountainCarEnv: ("state",),
+    # SB3's Atari wrappers (AtariWrapper is the outer one of the others)
+    AtariWrapper: (),
+    ClipRewardEnv: (),
+    WarpFrame: (),
+    FireResetEnv: (),
+    NoopResetEnv: (),
+    EpisodicLifeEnv: ("lives", "was_real_done"),
+    MaxAndSkipEnv: ("_obs_buffer",),
 }
 #: VecEnv wrappers -> the attributes that change while episodes run
-VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {VecNormalize: ("returns", "old_obs", "old_reward")}
+VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {
+    VecNormalize: ("returns", "old_obs", "old_reward"),
+    VecFrameStack: ("stacked_obs",),
+    VecTransposeImage: (),
+}
 #: Gymnasium's MuJoCo envs: the module their classes are defined in starts with this
 MUJOCO_MODULE = "gymnasium.envs.mujoco."
+#: the Arcade Learning Environment's Gymnasium envs (``AtariEnv``)
+ALE_MODULE = "ale_py."
 
 
 def _name(cls: type) -> str:
@@ -66,6 +94,10 @@ def _is_mujoco(layer: Any) -> bool:
     return type(layer).__module__.startswith(MUJOCO_MODULE) and hasattr(layer, "data") and hasattr(layer, "model")
 
 
+def _is_ale(layer: Any) -> bool:
+    return type(layer).__module__.startswith(ALE_MODULE) and hasattr(layer, "ale")
+
+
 def _layers(env: gym.Env) -> list[Any]:
     """``env``'s wrapper chain, outermost first, down to the unwrapped env."""
     layers = [env]
@@ -74,15 +106,21 @@ def _layers(env: gym.Env) -> list[Any]:
     return layers
 
 
-def _capture_layer(layer: Any) -> dict[str, Any] | None:
+def _capture_layer(layer: Any) -> tuple[dict[str, Any] | None, str]:
+    """(the layer's episode state, "") or (None, why it has none)."""
     if _opted_in(layer):
-        return {"custom": layer.get_episode_state()}
+        return {"custom": layer.get_episode_state()}, ""
     if _is_mujoco(layer):
-        return {"mjdata": copy.copy(layer.data)}  # MjData's copy is a full, independent one
+        return {"mjdata": copy.copy(layer.data)}, ""  # MjData's copy is a full, independent one
+    if _is_ale(layer):
+        if layer.ale.getFloat("repeat_action_probability") > 0:
+            return None, (f"{_name(type(layer))} repeats actions (sticky actions), and the emulator's previous action "
+                          "is not part of ALE's state")
+        return {"ale": layer.ale.cloneState(include_rng=True)}, ""  # the emulator and its RNG
     names = LAYER_ATTRIBUTES.get(type(layer))
     if names is None:
-        return None
-    return {name: copy.deepcopy(getattr(layer, name, None)) for name in names}
+        return None, f"{_name(type(layer))} is not a layer whose episode state is known"
+    return {name: copy.deepcopy(getattr(layer, name, None)) for name in names}, ""
 
 
 def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
@@ -92,6 +130,8 @@ def _restore_layer(layer: Any, state: dict[str, Any]) -> None:
         import mujoco
 
         mujoco.mj_copyData(layer.data, layer.model, state["mjdata"])
+    elif "ale" in state:
+        layer.ale.restoreState(state["ale"])
     else:
         for name, value in state.items():
             setattr(layer, name, copy.deepcopy(value))
@@ -101,9 +141,9 @@ def capture_env(env: gym.Env) -> tuple[list[Any] | None, str]:
     """(each layer's episode state, outermost first; "") or (None, the first layer that has none)."""
     states = []
     for layer in _layers(env):
-        state = _capture_layer(layer)
+        state, why = _capture_layer(layer)
         if state is None:
-            return None, f"{type(layer).__module__}.{type(layer).__qualname__} is not a layer whose episode state is known"
+            return None, why
         states.append((_name(type(layer)), state))
     return states, ""
 
