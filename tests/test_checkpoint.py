@@ -469,7 +469,17 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "pendulum_gsde": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5), {"use_sde": True, "sde_sample_freq": 4}),
     "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
     "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
+    "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
 }
+
+
+def _with_rl_zoo3_time_limit() -> VecEnv:
+    """CartPole after rl_zoo3 has replaced Gymnasium's TimeLimit with its subclass (it does so on import)."""
+    import rl_zoo3.gym_patches  # noqa: F401
+
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=5)
+    assert type(env.envs[0].env).__name__ == "PatchedTimeLimit"
+    return env
 
 
 def _mid_episode_model(case: str) -> ScalablePPO:

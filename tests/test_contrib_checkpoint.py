@@ -151,3 +151,40 @@ def test_lstm_states_are_not_in_the_saved_model(tmp_path: Path) -> None:
     loaded = ScalableRecurrentPPO.load(tmp_path / "model.zip", env=make_env("recurrent"), device="cpu")
     assert any(t.abs().sum() > 0 for pair in model._last_lstm_states for t in pair)
     assert all(t.abs().sum() == 0 for pair in loaded._last_lstm_states for t in pair)
+
+
+class MaskedCartPole(gym.Wrapper):
+    """CartPole with an action mask (both actions allowed); its own episode state is the env's (nothing of its own)."""
+
+    def action_masks(self) -> np.ndarray:
+        return np.ones(2, dtype=bool)
+
+    def get_episode_state(self) -> None:  # opts in: holds no state of its own
+        return None
+
+    def set_episode_state(self, state: None) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cls, policy, make", [
+    (ScalableRecurrentPPO, "MlpLstmPolicy", lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5)),
+    (ScalableMaskablePPO, "MlpPolicy", lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5, wrapper_class=MaskedCartPole)),
+])
+def test_episodes_in_progress_continue_bit_identically(cls: type, policy: str, make: Any, tmp_path: Path) -> None:
+    """A checkpoint mid-episode (23-step rollouts, CartPole's episodes run on): the episodes and, for the recurrent
+    policy, the LSTM states continue where they were."""
+    def build() -> Any:
+        return cls(policy, make(), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
+                   policy_kwargs={"net_arch": [8]})
+
+    reference = build()
+    reference.learn(5 * 46)
+    model, path = build(), tmp_path / "checkpoint.pt"
+    checkpoint = ResumableCheckpoint(path, every_steps=46, signals=(signal.SIGTERM,))
+    with pytest.raises(TrainingPreempted):
+        learn_resumable(model, 5 * 46, checkpoint, callback=SigtermAt(2 * 46 + 6))
+    assert not read_checkpoint(path)["ranks"][0]["last_episode_starts"].all()
+    resumed = load_checkpoint(path, make(), device="cpu")
+    assert resume_notes(resumed) == []
+    learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()))
+    assert_identical(reference, resumed)

@@ -33,7 +33,7 @@ from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.classic_control import AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv
-from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 from stable_baselines3.common.atari_wrappers import (
     AtariWrapper,
     ClipRewardEnv,
@@ -46,27 +46,35 @@ from stable_baselines3.common.atari_wrappers import (
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
 
-#: Exact classes -> the attributes that hold an episode's state (the class's other attributes are set at
-#: construction and do not change while it runs).
-LAYER_ATTRIBUTES: dict[type, tuple[str, ...]] = {
-    Monitor: ("rewards", "needs_reset", "episode_returns", "episode_lengths", "episode_times", "total_steps",
-              "current_reset_info"),
-    TimeLimit: ("_elapsed_steps",),
-    OrderEnforcing: ("_has_reset",),
-    PassiveEnvChecker: ("checked_reset", "checked_step", "checked_render"),
-    CartPoleEnv: ("state", "steps_beyond_terminated"),
-    PendulumEnv: ("state", "last_u"),
-    AcrobotEnv: ("state",),
-    MountainCarEnv: ("state",),
-    Continuous_MountainCarEnv: ("state",),
+def _name(cls: type) -> str:
+    """A class by name (checkpoints keep names, so a class that cannot be imported still loads)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_STATELESS: tuple[str, ...] = ()
+#: Layer classes (by :func:`_name`) -> the attributes that hold an episode's state (the class's other attributes
+#: are set at construction and do not change while it runs). By name, because rl_zoo3 replaces
+#: ``gymnasium.wrappers.TimeLimit`` with its own subclass when it is imported.
+LAYER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    _name(Monitor): ("rewards", "needs_reset", "episode_returns", "episode_lengths", "episode_times", "total_steps",
+                     "current_reset_info"),
+    "gymnasium.wrappers.common.TimeLimit": ("_elapsed_steps",),
+    "rl_zoo3.gym_patches.PatchedTimeLimit": ("_elapsed_steps",),  # TimeLimit with another step(), no other state
+    _name(OrderEnforcing): ("_has_reset",),
+    _name(PassiveEnvChecker): ("checked_reset", "checked_step", "checked_render"),
+    _name(CartPoleEnv): ("state", "steps_beyond_terminated"),
+    _name(PendulumEnv): ("state", "last_u"),
+    _name(AcrobotEnv): ("state",),
+    _name(MountainCarEnv): ("state",),
+    _name(Continuous_MountainCarEnv): ("state",),
     # SB3's Atari wrappers (AtariWrapper is the outer one of the others)
-    AtariWrapper: (),
-    ClipRewardEnv: (),
-    WarpFrame: (),
-    FireResetEnv: (),
-    NoopResetEnv: (),
-    EpisodicLifeEnv: ("lives", "was_real_done"),
-    MaxAndSkipEnv: ("_obs_buffer",),
+    _name(AtariWrapper): _STATELESS,
+    _name(ClipRewardEnv): _STATELESS,
+    _name(WarpFrame): _STATELESS,
+    _name(FireResetEnv): _STATELESS,
+    _name(NoopResetEnv): _STATELESS,
+    _name(EpisodicLifeEnv): ("lives", "was_real_done"),
+    _name(MaxAndSkipEnv): ("_obs_buffer",),
 }
 #: VecEnv wrappers -> the attributes that change while episodes run
 VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {
@@ -78,11 +86,6 @@ VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {
 MUJOCO_MODULE = "gymnasium.envs.mujoco."
 #: the Arcade Learning Environment's Gymnasium envs (``AtariEnv``)
 ALE_MODULE = "ale_py."
-
-
-def _name(cls: type) -> str:
-    """A class by name (checkpoints keep names, so a class that cannot be imported still loads)."""
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _opted_in(layer: Any) -> bool:
@@ -117,7 +120,7 @@ def _capture_layer(layer: Any) -> tuple[dict[str, Any] | None, str]:
             return None, (f"{_name(type(layer))} repeats actions (sticky actions), and the emulator's previous action "
                           "is not part of ALE's state")
         return {"ale": layer.ale.cloneState(include_rng=True)}, ""  # the emulator and its RNG
-    names = LAYER_ATTRIBUTES.get(type(layer))
+    names = LAYER_ATTRIBUTES.get(_name(type(layer)))
     if names is None:
         return None, f"{_name(type(layer))} is not a layer whose episode state is known"
     return {name: copy.deepcopy(getattr(layer, name, None)) for name in names}, ""
