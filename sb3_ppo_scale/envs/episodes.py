@@ -46,6 +46,7 @@ from stable_baselines3.common.atari_wrappers import (
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
 
+
 def _name(cls: type) -> str:
     """A class by name (checkpoints keep names, so a class that cannot be imported still loads)."""
     return f"{cls.__module__}.{cls.__qualname__}"
