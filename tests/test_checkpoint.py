@@ -382,8 +382,10 @@ def test_sigterm_fails_and_requeues_the_running_trial_and_the_study_continues(tm
 # ------------------------------------------------------------------------------------------------ data-parallel
 def _data_parallel_worker(rank: int, out: Path, mode: str) -> dict[str, Any]:
     """One gloo rank (tests.test_distributed._spawn): ``full`` trains TOTAL global steps; ``preempt`` is stopped by
-    a SIGTERM that only rank 1 receives, mid-rollout; ``resume`` continues from the checkpoint rank 0 wrote."""
-    env = make_vec_env(FixedLengthEnv, n_envs=N_ENVS, seed=3 + 100 * rank)
+    a SIGTERM that only rank 1 receives, mid-rollout; ``resume`` continues from the checkpoint rank 0 wrote. With a
+    ``:hopper`` suffix the envs are Hopper-v5's, whose episodes run across the checkpoint."""
+    mode, _, env_name = mode.partition(":")
+    env = make_vec_env("Hopper-v5" if env_name else FixedLengthEnv, n_envs=N_ENVS, seed=3 + 100 * rank)
     path = out / "checkpoint.pt"
     if mode == "resume":
         model = ScalablePPO.load_checkpoint(path, env, device="cpu")
@@ -405,19 +407,22 @@ def _data_parallel_worker(rank: int, out: Path, mode: str) -> dict[str, Any]:
     return {"preempted": None}
 
 
-def test_data_parallel_preemption_on_one_rank_and_resume_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("envs", ["", ":hopper"])
+def test_data_parallel_preemption_on_one_rank_and_resume_is_exact(envs: str, tmp_path: Path) -> None:
     """2 gloo ranks: SIGTERM reaches rank 1 only; every rank stops, rank 0 writes both ranks' states; the resumed
-    2-rank run ends bit-identical to an uninterrupted one."""
+    2-rank run ends bit-identical to an uninterrupted one (Hopper: with each rank's episodes in progress put back)."""
     from tests.test_distributed import _spawn
 
     (tmp_path / "full").mkdir()
-    full = _spawn(_data_parallel_worker, tmp_path / "full", "full")
-    preempted = _spawn(_data_parallel_worker, tmp_path, "preempt")
+    full = _spawn(_data_parallel_worker, tmp_path / "full", "full" + envs)
+    preempted = _spawn(_data_parallel_worker, tmp_path, "preempt" + envs)
     assert preempted == [{"preempted": "a signal on another rank", "at": 2 * STOP_ROLLOUT * ROLLOUT},
                          {"preempted": "SIGTERM", "at": 2 * STOP_ROLLOUT * ROLLOUT}]
     state = read_checkpoint(tmp_path / "checkpoint.pt")
     assert len(state["ranks"]) == 2 and state["counters"]["num_timesteps"] == 2 * STOP_ROLLOUT * ROLLOUT
-    resumed = _spawn(_data_parallel_worker, tmp_path, "resume")
+    if envs:
+        assert all(not rank["last_episode_starts"].all() and rank["episodes"] is not None for rank in state["ranks"])
+    resumed = _spawn(_data_parallel_worker, tmp_path, "resume" + envs)
     for rank in range(2):
         assert resumed[rank]["notes"] == [] and resumed[rank]["num_timesteps"] == full[rank]["num_timesteps"]
         assert all(th.equal(a, b) for a, b in zip(resumed[rank]["params"], full[rank]["params"]))
