@@ -475,7 +475,15 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
     "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
     "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
+    "gymnasium_wrappers": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5, wrapper_class=_gymnasium_wrappers), {}),
 }
+
+
+def _gymnasium_wrappers(env: gym.Env) -> gym.Env:
+    """Gymnasium's common wrappers, stateful ones among them (running statistics, a time feature, stacked frames)."""
+    env = gym.wrappers.RecordEpisodeStatistics(gym.wrappers.RescaleAction(env, -1.0, 1.0))
+    env = gym.wrappers.NormalizeReward(gym.wrappers.NormalizeObservation(gym.wrappers.TimeAwareObservation(env)))
+    return gym.wrappers.FlattenObservation(gym.wrappers.FrameStackObservation(env, 2))
 
 
 def _with_rl_zoo3_time_limit() -> VecEnv:

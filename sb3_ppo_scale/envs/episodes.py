@@ -3,8 +3,9 @@ them step for step instead of resetting its envs.
 
 An env's episode state is the state of each layer of its wrapper chain, outermost first:
 
-- the layers of :data:`LAYER_ATTRIBUTES` (SB3's ``Monitor``, Gymnasium's ``TimeLimit``, ``OrderEnforcing`` and
-  ``PassiveEnvChecker``, the classic-control envs): those attributes, deep-copied;
+- the layers of :data:`LAYER_ATTRIBUTES` (SB3's ``Monitor`` and Atari wrappers, Gymnasium's ``TimeLimit``,
+  ``OrderEnforcing``, ``PassiveEnvChecker`` and other common wrappers, the classic-control envs): those attributes,
+  deep-copied;
 - Gymnasium's MuJoCo envs (classes defined in ``gymnasium.envs.mujoco``): a copy of the whole ``MjData``, put back
   with ``mujoco.mj_copyData``. A copy of the integration state alone (``mj_getState``) is not enough: the envs read
   body positions that ``mj_step`` left from before its last integration (Ant's and Humanoid's rewards), and
@@ -12,7 +13,6 @@ An env's episode state is the state of each layer of its wrapper chain, outermos
 - ALE's ``AtariEnv`` without sticky actions (``repeat_action_probability=0``, the ``NoFrameskip-v4`` ids): the
   emulator's state with its RNG (``cloneState(include_rng=True)``). With sticky actions (the ``ALE/...-v5`` ids) the
   next step may repeat the emulator's previous action, which ALE's state does not hold, so there is no episode state;
-  SB3's Atari wrappers are in :data:`LAYER_ATTRIBUTES`;
 - any layer whose class defines ``get_episode_state()`` and ``set_episode_state(state)`` (your own env or wrapper
   can opt in this way): what those return and take.
 
@@ -33,7 +33,18 @@ from typing import Any
 
 import gymnasium as gym
 from gymnasium.envs.classic_control import AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv
-from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
+from gymnasium.wrappers import (
+    ClipAction,
+    FlattenObservation,
+    FrameStackObservation,
+    NormalizeObservation,
+    NormalizeReward,
+    OrderEnforcing,
+    PassiveEnvChecker,
+    RecordEpisodeStatistics,
+    RescaleAction,
+    TimeAwareObservation,
+)
 from stable_baselines3.common.atari_wrappers import (
     AtariWrapper,
     ClipRewardEnv,
@@ -63,6 +74,16 @@ LAYER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     "rl_zoo3.gym_patches.PatchedTimeLimit": ("_elapsed_steps",),  # TimeLimit with another step(), no other state
     _name(OrderEnforcing): ("_has_reset",),
     _name(PassiveEnvChecker): ("checked_reset", "checked_step", "checked_render"),
+    # Gymnasium's other common wrappers (a Transform* wrapper's function is the user's, so it is not among them)
+    _name(ClipAction): _STATELESS,
+    _name(RescaleAction): _STATELESS,
+    _name(FlattenObservation): _STATELESS,
+    _name(RecordEpisodeStatistics): ("episode_count", "episode_returns", "episode_lengths", "episode_start_time",
+                                     "return_queue", "length_queue", "time_queue"),
+    _name(NormalizeObservation): ("obs_rms", "_update_running_mean"),
+    _name(NormalizeReward): ("return_rms", "discounted_reward", "_update_running_mean"),
+    _name(TimeAwareObservation): ("timesteps",),
+    _name(FrameStackObservation): ("obs_queue", "stacked_obs"),
     _name(CartPoleEnv): ("state", "steps_beyond_terminated"),
     _name(PendulumEnv): ("state", "last_u"),
     _name(AcrobotEnv): ("state",),
