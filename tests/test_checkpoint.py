@@ -20,9 +20,10 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
-from stable_baselines3.common.vec_env import VecEnv, VecFrameStack, VecNormalize
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecFrameStack, VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
+from sb3_ppo_scale.envs import EpisodeState
 from sb3_ppo_scale.checkpoint import (
     PREEMPTED_EXIT_CODE,
     NonFiniteCheckpointError,
@@ -476,6 +477,8 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
     "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
     "gymnasium_wrappers": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5, wrapper_class=_gymnasium_wrappers), {}),
+    "subproc_hopper": (lambda: VecNormalize(make_vec_env("Hopper-v5", n_envs=2, seed=5, vec_env_cls=SubprocVecEnv,
+                                                         wrapper_class=EpisodeState)), {}),
 }
 
 
@@ -520,6 +523,8 @@ def test_episodes_in_progress_continue_and_the_run_stays_bit_identical(case: str
     assert_identical(reference, resumed)
     assert [info["r"] for info in resumed.ep_info_buffer] == [info["r"] for info in reference.ep_info_buffer]
     assert np.array_equal(resumed._last_obs, reference._last_obs)
+    for env in (reference.env, resumed.env, model.env):
+        env.close()
 
 
 class HalvedReward(gym.RewardWrapper):
@@ -554,3 +559,17 @@ def test_sticky_actions_restart_and_say_why(tmp_path: Path) -> None:
                                      "reset; episodes in progress not restored: ale_py.env.AtariEnv repeats actions "
                                      "(sticky actions), and the emulator's previous action is not part of ALE's "
                                      "state)"]
+
+
+def test_subproc_envs_without_episode_state_restart_and_say_how_to_keep_them(tmp_path: Path) -> None:
+    def make() -> VecEnv:
+        return make_vec_env("CartPole-v1", n_envs=2, seed=5, vec_env_cls=SubprocVecEnv)
+
+    model = ScalablePPO("MlpPolicy", make(), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu")
+    model.learn(46)
+    resumed = load_checkpoint(save_checkpoint(model, tmp_path / "mid.pt"), make(), device="cpu")
+    assert resume_notes(resumed) == ["2 env(s) restart their episode (mid-episode at the checkpoint, or a random "
+                                     "reset; episodes in progress not restored: SubprocVecEnv: its envs are in other "
+                                     "processes; wrap each, outermost, in EpisodeState)"]
+    model.env.close()
+    resumed.env.close()

@@ -1,10 +1,12 @@
-"""Vectorised environments beyond SB3's: an SB3 ``VecEnv`` over an EnvPool batch (C++ threads stepping the envs).
+"""Vectorised environments beyond SB3's: an SB3 ``VecEnv`` over an EnvPool batch (C++ threads stepping the envs); the
+episode state checkpoints keep (:mod:`sb3_ppo_scale.envs.episodes`, :class:`EpisodeState` for a ``SubprocVecEnv``).
 
 EnvPool is an optional dependency (``pip install sb3-ppo-scale[envpool]``, Linux x86-64): importing this package
 works without it, building an env raises ImportError naming the extra.
 """
 
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv, make_envpool_vec_env
+from sb3_ppo_scale.envs.episodes import EpisodeState
 from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
 from sb3_ppo_scale.envs.tasks import ATARI_SB3_SETTINGS, ENVPOOL_EXTRA_HINT, resolve_task
 
@@ -12,6 +14,7 @@ __all__ = [
     "ATARI_SB3_SETTINGS",
     "ENVPOOL_EXTRA_HINT",
     "EnvPoolVecEnv",
+    "EpisodeState",
     "collect_rollouts_overlapped",
     "make_envpool_vec_env",
     "overlap_supported",

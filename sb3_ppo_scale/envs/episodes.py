@@ -20,10 +20,11 @@ The env's ``np_random`` is not part of it (the checkpoint restores it for every 
 changes itself (domain randomisation) are not captured. An env with any other layer has no episode state
 (:func:`capture_episodes` says which layer); the resumed run then resets it, as before.
 
-Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), under the wrappers of :data:`VEC_ATTRIBUTES`
-(``VecNormalize``'s running discounted return per env, ``returns``, and the last raw observation and reward;
-``VecFrameStack``'s stacked frames; ``VecTransposeImage``). Any other VecEnv (``SubprocVecEnv``, EnvPool, ...) has no
-episode state here.
+Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), or a ``SubprocVecEnv`` whose envs are each
+wrapped, outermost, in :class:`EpisodeState` (it captures and restores its env inside the worker process), under the
+wrappers of :data:`VEC_ATTRIBUTES` (``VecNormalize``'s running discounted return per env, ``returns``, and the last
+raw observation and reward; ``VecFrameStack``'s stacked frames; ``VecTransposeImage``). Any other VecEnv (EnvPool, a
+``SubprocVecEnv`` without the wrapper, ...) has no episode state here.
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ from stable_baselines3.common.atari_wrappers import (
     WarpFrame,
 )
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    SubprocVecEnv,
+    VecEnv,
+    VecFrameStack,
+    VecNormalize,
+    VecTransposeImage,
+)
 
 
 def _name(cls: type) -> str:
@@ -184,6 +192,28 @@ def restore_env(env: gym.Env, states: list[Any]) -> bool:
     return True
 
 
+class EpisodeState(gym.Wrapper):
+    """The episode state of the env it wraps, reachable from another process: wrap each env of a ``SubprocVecEnv``
+    in it, outermost (``make_vec_env(..., vec_env_cls=SubprocVecEnv, wrapper_class=EpisodeState)``), and checkpoints
+    capture and restore its episodes through ``env_method``. Steps and resets pass through unchanged; in a
+    ``DummyVecEnv`` it is a layer without state of its own."""
+
+    def capture_episode_state(self) -> tuple[list[Any] | None, str]:
+        """:func:`capture_env` of the wrapped env."""
+        return capture_env(self.env)
+
+    def episode_state_layers(self) -> list[str]:
+        """The classes of the wrapped env's layers, outermost first (what :meth:`restore_episode_state` expects)."""
+        return [_name(type(layer)) for layer in _layers(self.env)]
+
+    def restore_episode_state(self, states: list[Any]) -> bool:
+        """:func:`restore_env` into the wrapped env."""
+        return restore_env(self.env, states)
+
+
+LAYER_ATTRIBUTES[_name(EpisodeState)] = _STATELESS
+
+
 def _vec_layers(venv: VecEnv) -> list[VecEnv]:
     layers = [venv]
     while hasattr(layers[-1], "venv"):
@@ -198,11 +228,16 @@ def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
     for wrapper in wrappers:
         if type(wrapper) not in VEC_ATTRIBUTES:
             return None, f"VecEnv wrapper {type(wrapper).__name__} is not one whose episode state is known"
-    if type(base) is not DummyVecEnv:
-        return None, f"{type(base).__name__}: only a DummyVecEnv's envs (in this process) can be captured"
+    if type(base) is SubprocVecEnv:
+        if not all(cls is EpisodeState for cls in base.get_attr("__class__")):
+            return None, "SubprocVecEnv: its envs are in other processes; wrap each, outermost, in EpisodeState"
+        captured = base.env_method("capture_episode_state")
+    elif type(base) is DummyVecEnv:
+        captured = [capture_env(env) for env in base.envs]
+    else:
+        return None, f"{type(base).__name__}: only a DummyVecEnv's or SubprocVecEnv's envs can be captured"
     envs = []
-    for env in base.envs:
-        states, why = capture_env(env)
+    for states, why in captured:
         if states is None:
             return None, why
         envs.append(states)
@@ -215,14 +250,22 @@ def restore_episodes(venv: VecEnv, captured: dict[str, Any]) -> bool:
     False, with nothing changed, when ``venv`` is not made of the same layers."""
     layers = _vec_layers(venv)
     wrappers, base = layers[:-1], layers[-1]
-    if [_name(type(w)) for w in wrappers] != [name for name, _ in captured["vec"]] or type(base) is not DummyVecEnv \
-            or len(base.envs) != len(captured["envs"]):
+    if [_name(type(w)) for w in wrappers] != [name for name, _ in captured["vec"]] \
+            or base.num_envs != len(captured["envs"]):
         return False
-    if any([_name(type(layer)) for layer in _layers(env)] != [name for name, _ in states]
-           for env, states in zip(base.envs, captured["envs"])):
+    if type(base) is SubprocVecEnv and all(cls is EpisodeState for cls in base.get_attr("__class__")):
+        built = base.env_method("episode_state_layers")
+    elif type(base) is DummyVecEnv:
+        built = [[_name(type(layer)) for layer in _layers(env)] for env in base.envs]
+    else:
         return False
-    for env, states in zip(base.envs, captured["envs"]):
-        restore_env(env, states)
+    if any(names != [name for name, _ in states] for names, states in zip(built, captured["envs"])):
+        return False
+    for index, states in enumerate(captured["envs"]):
+        if type(base) is SubprocVecEnv:
+            base.env_method("restore_episode_state", states, indices=[index])
+        else:
+            restore_env(base.envs[index], states)
     for wrapper, (_, state) in zip(wrappers, captured["vec"]):
         for name, value in state.items():
             setattr(wrapper, name, copy.deepcopy(value))

@@ -33,6 +33,7 @@ from stable_baselines3.common.vec_env import (
 
 from sb3_ppo_scale.core.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.envs.episodes import EpisodeState
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, register_envs
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
@@ -435,7 +436,10 @@ def make_envs(
     if vec_env_cls is None and config.vec_env == "envpool":
         env = _envpool_envs(config, n_envs, seed)
     else:
-        wrappers = config.env_wrappers
+        vec_env_cls = vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv)
+        wrappers = list(config.env_wrappers)
+        if vec_env_cls is SubprocVecEnv:  # so that checkpoints keep the episodes in the worker processes
+            wrappers.append((EpisodeState, {}))
         env = make_vec_env(
             config.env_id,
             n_envs=n_envs,
@@ -443,7 +447,7 @@ def make_envs(
             env_kwargs=config.env_kwargs,
             monitor_dir=monitor_dir,
             wrapper_class=(lambda e: _wrap(e, wrappers)) if wrappers else None,
-            vec_env_cls=vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv),
+            vec_env_cls=vec_env_cls,
         )
     if normalize_stats is not None:
         env = VecNormalize.load(str(normalize_stats), env)
