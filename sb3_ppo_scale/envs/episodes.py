@@ -181,13 +181,17 @@ def capture_env(env: gym.Env) -> tuple[list[Any] | None, str]:
     return states, ""
 
 
+def layer_names(env: gym.Env) -> list[str]:
+    """The classes of ``env``'s layers, outermost first (what :func:`restore_env` checks a capture against)."""
+    return [_name(type(layer)) for layer in _layers(env)]
+
+
 def restore_env(env: gym.Env, states: list[Any]) -> bool:
     """Put ``states`` (from :func:`capture_env`) back into ``env``, a fresh env built as the captured one was; False
     (nothing changed) when its layers are not the captured ones."""
-    layers = _layers(env)
-    if [_name(type(layer)) for layer in layers] != [name for name, _ in states]:
+    if layer_names(env) != [name for name, _ in states]:
         return False
-    for layer, (_, state) in zip(layers, states):
+    for layer, (_, state) in zip(_layers(env), states):
         _restore_layer(layer, state)
     return True
 
@@ -203,8 +207,8 @@ class EpisodeState(gym.Wrapper):
         return capture_env(self.env)
 
     def episode_state_layers(self) -> list[str]:
-        """The classes of the wrapped env's layers, outermost first (what :meth:`restore_episode_state` expects)."""
-        return [_name(type(layer)) for layer in _layers(self.env)]
+        """:func:`layer_names` of the wrapped env."""
+        return layer_names(self.env)
 
     def restore_episode_state(self, states: list[Any]) -> bool:
         """:func:`restore_env` into the wrapped env."""
@@ -221,6 +225,11 @@ def _vec_layers(venv: VecEnv) -> list[VecEnv]:
     return layers
 
 
+def _wrapped_in_episode_state(base: VecEnv) -> bool:
+    """A SubprocVecEnv whose every env is an :class:`EpisodeState` (its outermost layer)."""
+    return type(base) is SubprocVecEnv and all(cls is EpisodeState for cls in base.get_attr("__class__"))
+
+
 def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
     """The episode state of every env of ``venv`` and of its VecEnv wrappers, or (None, why not)."""
     layers = _vec_layers(venv)
@@ -228,10 +237,10 @@ def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
     for wrapper in wrappers:
         if type(wrapper) not in VEC_ATTRIBUTES:
             return None, f"VecEnv wrapper {type(wrapper).__name__} is not one whose episode state is known"
-    if type(base) is SubprocVecEnv:
-        if not all(cls is EpisodeState for cls in base.get_attr("__class__")):
-            return None, "SubprocVecEnv: its envs are in other processes; wrap each, outermost, in EpisodeState"
+    if _wrapped_in_episode_state(base):
         captured = base.env_method("capture_episode_state")
+    elif type(base) is SubprocVecEnv:
+        return None, "SubprocVecEnv: its envs are in other processes; wrap each, outermost, in EpisodeState"
     elif type(base) is DummyVecEnv:
         captured = [capture_env(env) for env in base.envs]
     else:
@@ -241,7 +250,8 @@ def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
         if states is None:
             return None, why
         envs.append(states)
-    vec = [(_name(type(w)), {name: copy.deepcopy(getattr(w, name, None)) for name in VEC_ATTRIBUTES[type(w)]}) for w in wrappers]
+    vec = [(_name(type(w)), {name: copy.deepcopy(getattr(w, name, None)) for name in VEC_ATTRIBUTES[type(w)]})
+           for w in wrappers]
     return {"vec": vec, "envs": envs}, ""
 
 
@@ -253,16 +263,17 @@ def restore_episodes(venv: VecEnv, captured: dict[str, Any]) -> bool:
     if [_name(type(w)) for w in wrappers] != [name for name, _ in captured["vec"]] \
             or base.num_envs != len(captured["envs"]):
         return False
-    if type(base) is SubprocVecEnv and all(cls is EpisodeState for cls in base.get_attr("__class__")):
+    in_workers = _wrapped_in_episode_state(base)
+    if in_workers:
         built = base.env_method("episode_state_layers")
     elif type(base) is DummyVecEnv:
-        built = [[_name(type(layer)) for layer in _layers(env)] for env in base.envs]
+        built = [layer_names(env) for env in base.envs]
     else:
         return False
     if any(names != [name for name, _ in states] for names, states in zip(built, captured["envs"])):
         return False
     for index, states in enumerate(captured["envs"]):
-        if type(base) is SubprocVecEnv:
+        if in_workers:
             base.env_method("restore_episode_state", states, indices=[index])
         else:
             restore_env(base.envs[index], states)
