@@ -33,7 +33,13 @@ import copy
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.classic_control import AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv
+from gymnasium.envs.classic_control import (
+    AcrobotEnv,
+    CartPoleEnv,
+    Continuous_MountainCarEnv,
+    MountainCarEnv,
+    PendulumEnv,
+)
 from gymnasium.wrappers import (
     ClipAction,
     FlattenObservation,
