@@ -20,7 +20,14 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
-from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecFrameStack, VecNormalize
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    SubprocVecEnv,
+    VecEnv,
+    VecFrameStack,
+    VecMonitor,
+    VecNormalize,
+)
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.envs import EpisodeState
@@ -477,6 +484,7 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
     "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
     "gymnasium_wrappers": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5, wrapper_class=_gymnasium_wrappers), {}),
+    "vec_monitor": (lambda: VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)), {}),
     "subproc_hopper": (lambda: VecNormalize(make_vec_env("Hopper-v5", n_envs=2, seed=5, vec_env_cls=SubprocVecEnv,
                                                          wrapper_class=EpisodeState)), {}),
 }

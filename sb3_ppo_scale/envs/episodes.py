@@ -23,7 +23,7 @@ changes itself (domain randomisation) are not captured. An env with any other la
 Vectorised: an SB3 ``DummyVecEnv`` (its envs live in this process), or a ``SubprocVecEnv`` whose envs are each
 wrapped, outermost, in :class:`EpisodeState` (it captures and restores its env inside the worker process), under the
 wrappers of :data:`VEC_ATTRIBUTES` (``VecNormalize``'s running discounted return per env, ``returns``, and the last
-raw observation and reward; ``VecFrameStack``'s stacked frames; ``VecTransposeImage``). Any other VecEnv (EnvPool, a
+raw observation and reward; ``VecFrameStack``'s stacked frames; ``VecMonitor``'s running returns and lengths; ``VecTransposeImage``). Any other VecEnv (EnvPool, a
 ``SubprocVecEnv`` without the wrapper, ...) has no episode state here.
 """
 
@@ -67,6 +67,7 @@ from stable_baselines3.common.vec_env import (
     SubprocVecEnv,
     VecEnv,
     VecFrameStack,
+    VecMonitor,
     VecNormalize,
     VecTransposeImage,
 )
@@ -117,6 +118,7 @@ VEC_ATTRIBUTES: dict[type, tuple[str, ...]] = {
     VecNormalize: ("returns", "old_obs", "old_reward"),
     VecFrameStack: ("stacked_obs",),
     VecTransposeImage: (),
+    VecMonitor: ("episode_returns", "episode_lengths", "episode_count"),
 }
 #: Gymnasium's MuJoCo envs: the module their classes are defined in starts with this
 MUJOCO_MODULE = "gymnasium.envs.mujoco."
