@@ -114,3 +114,12 @@ def test_update_trims_benchmark_writes_its_table(tmp_path: Path) -> None:
     table = (tmp_path / "update_trims.md").read_text()
     for trim in ("flat Adam", "gradient ops", "fused evaluation"):
         assert f"| hopper_sb3_defaults | {trim} | " in table
+
+
+def test_episode_capture_benchmark_writes_its_table(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "episode_capture.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(script), "--configs", "cartpole_8envs", "--repeats", "1", "--captures",
+                           "1", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| cartpole_8envs: CartPole-v1, 8 env(s) x 256 steps | " in (tmp_path / "episode_capture.md").read_text()
