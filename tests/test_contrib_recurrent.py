@@ -1,5 +1,6 @@
 """ScalableRecurrentPPO against sb3-contrib's RecurrentPPO: identical by default (parameters and Adam state after
-learn(): MlpLstm with and without a critic LSTM, a shared LSTM, CnnLstm on images, VecNormalize, gSDE), the batched
+learn(): MlpLstm with and without a critic LSTM, a shared LSTM, CnnLstm on images, VecNormalize, gSDE; contrib's
+per-step LSTM loop run lean, the same values and gradients), the batched
 LSTM path equal up to float rounding (and measured to differ), exact accumulation over whole sequences, contrib's
 minibatch cutting, and clear errors."""
 
@@ -9,12 +10,14 @@ import numpy as np
 import pytest
 import torch as th
 from sb3_contrib import RecurrentPPO
+from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_scale import ScalableRecurrentPPO
-from sb3_ppo_scale.contrib.recurrent import evaluate_batched, evaluate_recurrent
+from sb3_ppo_scale.contrib.lstm import per_step_sequence
+from sb3_ppo_scale.contrib.recurrent import evaluate_batched, evaluate_recurrent, evaluate_recurrent_lean
 from sb3_ppo_scale.contrib.sequences import SequenceBatch, sequence_starts
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, max_param_diff, train_one
 
@@ -112,6 +115,51 @@ def test_batched_forward_is_rounding_not_bitwise() -> None:
         training_bitwise += [th.equal(a, b) for a, b in zip(loop[:3], fast[:3])]
         training_bitwise += [th.equal(a, b) for a, b in zip(loop_grads, fast_grads)]
     assert not all(training_bitwise)
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_lean_lstm_loop_is_contribs_loop_in_values_and_gradients(n_layers: int) -> None:
+    """per_step_sequence against RecurrentActorCriticPolicy._process_sequence on padded sequences with episode starts
+    at some steps and none at others (the first among them, so initial states holding -0.0 go in unmultiplied): the
+    output and every gradient (weights, features, initial states) bit for bit."""
+    th.manual_seed(0)
+    lstm = th.nn.LSTM(5, 8, num_layers=n_layers)
+    n_seq, steps = 3, 7
+    starts = th.zeros(n_seq, steps)
+    starts[0, 2], starts[1, 3], starts[2, 3], starts[2, 5] = 1.0, 1.0, 1.0, 1.0  # steps 0, 1, 4, 6: no start
+    features = th.randn(n_seq * steps, 5)
+    hidden, cell = th.randn(n_layers, n_seq, 8), th.randn(n_layers, n_seq, 8)
+    hidden[0, 1, :3] = -0.0
+    results = []
+    for process in (lambda *a: RecurrentActorCriticPolicy._process_sequence(*a)[0], per_step_sequence):
+        lstm.zero_grad()
+        inputs = [t.clone().requires_grad_() for t in (features, hidden, cell)]
+        output = process(inputs[0], (inputs[1], inputs[2]), starts.flatten(), lstm)
+        (output * th.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
+        results.append([output, *(t.grad for t in inputs), *(p.grad for p in lstm.parameters())])
+    contrib, lean = results
+    assert all(th.equal(a, b) for a, b in zip(contrib, lean))
+
+
+def test_default_training_runs_the_lean_lstm_loop_where_it_is_exact() -> None:
+    """The lean loop is the default evaluator; compile_loss, a policy class with its own evaluate_actions and a hook
+    on an LSTM keep contrib's own evaluate_actions."""
+    model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **SMALL)
+    assert model._evaluator is evaluate_recurrent_lean
+    assert ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", compile_loss=True,
+                                **SMALL)._evaluator is evaluate_recurrent
+    assert ScalableRecurrentPPO(_OwnEvaluation, cartpole()(), device="cpu", **SMALL)._evaluator is evaluate_recurrent
+    handle = model.policy.lstm_critic.register_forward_hook(lambda *args: None)
+    assert model._evaluator is evaluate_recurrent
+    handle.remove()
+    assert model._evaluator is evaluate_recurrent_lean
+
+
+class _OwnEvaluation(RecurrentActorCriticPolicy):
+    """A user's recurrent policy with its own ``evaluate_actions``: training must call it."""
+
+    def evaluate_actions(self, *args):  # type: ignore[no-untyped-def]
+        return super().evaluate_actions(*args)
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -4,7 +4,8 @@ Identical by default: policies, ``predict`` and save format are RecurrentPPO's, 
 RecurrentPPO's loop run lean (:mod:`sb3_ppo_scale.contrib.recurrent_collect`: the same rollout and LSTM states, bit
 for bit); ``train()`` is the shared update (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) over contrib's minibatches of padded sequences
 (:mod:`sb3_ppo_scale.contrib.sequences`), with RecurrentPPO's masked means and its per-step LSTM loop
-(``RecurrentActorCriticPolicy._process_sequence``).
+(``RecurrentActorCriticPolicy._process_sequence``), run lean where that is exact (:mod:`sb3_ppo_scale.contrib.lstm`:
+the same values and gradients, without the module call per time step).
 
 ``batched_sequences=True`` runs each micro-batch's sequences through each ``nn.LSTM`` as one call instead
 (:func:`batched_sequence`): the episode-start reset is applied to the initial states (every episode start is the
@@ -27,6 +28,7 @@ from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, Rec
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from sb3_ppo_scale.contrib.lstm import per_step_sequence
 from sb3_ppo_scale.contrib.recurrent_collect import collect_rollouts_recurrent_lean, recurrent_lean_blocker
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
@@ -87,6 +89,16 @@ def evaluate_recurrent(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor
         data.observations, actions, data.lstm_states, data.episode_starts
     )
     return values, log_prob, entropy, None
+
+
+def evaluate_recurrent_lean(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                            with_distribution: bool) -> Evaluation:
+    """:func:`evaluate_recurrent`'s values, log-probs, entropies and gradients, bit for bit, with contrib's per-step
+    LSTM loop run by :func:`~sb3_ppo_scale.contrib.lstm.per_step_sequence` (no module call per step; the reset
+    multiplied in only at steps that hold an episode start). For a policy whose ``recurrent_lean_blocker`` (with
+    ``evaluate_actions``) is None."""
+    values, log_prob, entropy, distribution = _evaluate(policy, micro.samples, actions, per_step_sequence)
+    return values, log_prob, entropy, distribution if with_distribution else None
 
 
 def evaluate_batched(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, with_distribution: bool) -> Evaluation:
@@ -247,6 +259,9 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     @property
     def _evaluator(self) -> Evaluator:
+        """Contrib's per-step LSTM loop, lean where that is exact (not under ``compile_loss``, which traces contrib's
+        own ``evaluate_actions``); with ``batched_sequences``, one LSTM call per micro-batch."""
         if not self.batched_sequences:
-            return evaluate_recurrent
+            exact_lean = not self.compile_loss and recurrent_lean_blocker(self.policy, ("evaluate_actions",)) is None
+            return evaluate_recurrent_lean if exact_lean else evaluate_recurrent
         return evaluate_batched if self.sequence_length is None else evaluate_batched_or_loop

@@ -8,7 +8,7 @@ callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3
   module dispatch or Distribution objects. Each ``nn.LSTM`` runs through the same ``torch._VF.lstm`` kernel its
   ``forward`` calls, on its own flat weights; ``_process_sequence``'s two branches (no episode start in the batch:
   the states as they are; otherwise each state multiplied by ``1 - episode_start``) are kept, the branch chosen from
-  the episode starts the loop already holds as a numpy array;
+  the episode starts the loop already holds as a numpy array (:class:`~sb3_ppo_scale.contrib.lstm.LstmStep`);
 - the time-limit bootstrap visits only the envs whose episode ended;
 - SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.lean_step.vec_env_step`.
 
@@ -34,58 +34,26 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
-from torch import _VF
 
+from sb3_ppo_scale.contrib.lstm import LstmStep
 from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, direct, fusion_blocker
 from sb3_ppo_scale.core.lean_collect import to_host
 from sb3_ppo_scale.core.lean_step import vec_env_step
 
-States = tuple[th.Tensor, th.Tensor]
 
-
-def recurrent_lean_blocker(policy: th.nn.Module) -> str | None:
+def recurrent_lean_blocker(policy: th.nn.Module, also_replaced: tuple[str, ...] = ()) -> str | None:
     """Why ``policy(obs, lstm_states, episode_starts)`` cannot be replaced by :class:`FusedRecurrentActorCritic`
-    exactly, or None when it can."""
-    blocker = fusion_blocker(policy, (RecurrentActorCriticPolicy,), (*REPLACED_METHODS, "_process_sequence"))
+    exactly, or None when it can.
+
+    :param also_replaced: further methods of ``RecurrentActorCriticPolicy`` the caller replaces (training's
+        ``evaluate_actions``); a policy class overriding one is refused too."""
+    replaced = (*REPLACED_METHODS, "_process_sequence", *also_replaced)
+    blocker = fusion_blocker(policy, (RecurrentActorCriticPolicy,), replaced)
     if blocker is not None:
         return blocker
     lstms = [policy.lstm_actor, policy.lstm_critic] if policy.lstm_critic is not None else [policy.lstm_actor]
     odd = [type(lstm).__name__ for lstm in lstms if type(lstm) is not th.nn.LSTM]
     return f"LSTM class {odd[0]} is not torch's nn.LSTM" if odd else None
-
-
-class LstmStep:
-    """``RecurrentActorCriticPolicy._process_sequence(features, states, episode_starts, lstm)``, calling the kernel
-    ``nn.LSTM.forward`` calls (``torch._VF.lstm``, on the module's flat weights and flags) without the module.
-
-    :param lstm: the policy's ``nn.LSTM``, in the mode it runs in (its ``training`` flag is read once).
-    """
-
-    def __init__(self, lstm: th.nn.LSTM) -> None:
-        lstm._update_flat_weights()  # what forward does first (a no-op unless the parameters were replaced)
-        self.input_size = lstm.input_size
-        self.flags = (lstm._flat_weights, lstm.bias, lstm.num_layers, lstm.dropout, lstm.training, lstm.bidirectional,
-                      lstm.batch_first)
-
-    def _lstm(self, sequence: th.Tensor, states: States) -> tuple[th.Tensor, States]:
-        output, hidden, cell = _VF.lstm(sequence, states, *self.flags)
-        return output, (hidden, cell)
-
-    def __call__(self, features: th.Tensor, states: States, episode_starts: th.Tensor,
-                 any_start: bool) -> tuple[th.Tensor, States]:
-        """The LSTM output ``(batch, hidden)`` and the new states; ``any_start`` is ``episode_starts.any()``."""
-        n_seq = states[0].shape[1]
-        sequence = features.reshape((n_seq, -1, self.input_size)).swapaxes(0, 1)
-        if not any_start:
-            output, states = self._lstm(sequence, states)
-            return th.flatten(output.transpose(0, 1), start_dim=0, end_dim=1), states
-        starts = episode_starts.reshape((n_seq, -1)).swapaxes(0, 1)
-        outputs = []
-        for step_features, start in zip(sequence, starts, strict=True):
-            keep = (1.0 - start).view(1, n_seq, 1)
-            hidden, states = self._lstm(step_features.unsqueeze(dim=0), (keep * states[0], keep * states[1]))
-            outputs.append(hidden)
-        return th.flatten(th.cat(outputs).transpose(0, 1), start_dim=0, end_dim=1), states
 
 
 class FusedRecurrentActorCritic:
@@ -105,9 +73,9 @@ class FusedRecurrentActorCritic:
     def __call__(self, obs: Any, lstm_states: RNNStates, episode_starts: th.Tensor,
                  any_start: bool) -> tuple[th.Tensor, th.Tensor, th.Tensor, RNNStates]:
         pi_features, vf_features = self.fused.features(obs)
-        latent_pi, states_pi = self.actor_lstm(pi_features, lstm_states.pi, episode_starts, any_start)
+        latent_pi, states_pi = self.actor_lstm(pi_features, lstm_states.pi, episode_starts, (any_start,))
         if self.critic_lstm is not None:
-            latent_vf, states_vf = self.critic_lstm(vf_features, lstm_states.vf, episode_starts, any_start)
+            latent_vf, states_vf = self.critic_lstm(vf_features, lstm_states.vf, episode_starts, (any_start,))
         elif self.shared_lstm:
             latent_vf, states_vf = latent_pi.detach(), (states_pi[0].detach(), states_pi[1].detach())
         else:
