@@ -17,7 +17,13 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_scale import ScalableRecurrentPPO
 from sb3_ppo_scale.contrib.lstm import per_step_sequence
-from sb3_ppo_scale.contrib.recurrent import evaluate_batched, evaluate_recurrent, evaluate_recurrent_lean
+from sb3_ppo_scale.contrib.recurrent import (
+    evaluate_batched,
+    evaluate_batched_or_lean_loop,
+    evaluate_batched_or_loop,
+    evaluate_recurrent,
+    evaluate_recurrent_lean,
+)
 from sb3_ppo_scale.contrib.sequences import SequenceBatch, sequence_starts
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, max_param_diff, train_one
 
@@ -142,17 +148,22 @@ def test_lean_lstm_loop_is_contribs_loop_in_values_and_gradients(n_layers: int) 
 
 
 def test_default_training_runs_the_lean_lstm_loop_where_it_is_exact() -> None:
-    """The lean loop is the default evaluator; compile_loss, a policy class with its own evaluate_actions and a hook
-    on an LSTM keep contrib's own evaluate_actions."""
+    """The lean loop is the default evaluator (and sequence_length's loop for chunks holding a reset); compile_loss, a
+    policy class with its own evaluate_actions and a hook on an LSTM keep contrib's own evaluation."""
     model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **SMALL)
     assert model._evaluator is evaluate_recurrent_lean
     assert ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", compile_loss=True,
                                 **SMALL)._evaluator is evaluate_recurrent
     assert ScalableRecurrentPPO(_OwnEvaluation, cartpole()(), device="cpu", **SMALL)._evaluator is evaluate_recurrent
+    chunked = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", batched_sequences=True, sequence_length=8,
+                                   **SMALL)
+    assert chunked._evaluator is evaluate_batched_or_lean_loop  # chunks holding a reset take the loop
     handle = model.policy.lstm_critic.register_forward_hook(lambda *args: None)
     assert model._evaluator is evaluate_recurrent
     handle.remove()
     assert model._evaluator is evaluate_recurrent_lean
+    chunked.policy.lstm_actor.register_forward_hook(lambda *args: None)
+    assert chunked._evaluator is evaluate_batched_or_loop
 
 
 class _OwnEvaluation(RecurrentActorCriticPolicy):

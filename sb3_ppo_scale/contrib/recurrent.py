@@ -106,16 +106,28 @@ def evaluate_batched(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, 
     return _evaluate(policy, micro.samples, actions, batched_sequence)
 
 
-def evaluate_batched_or_loop(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
-                             with_distribution: bool) -> Evaluation:
-    """:func:`evaluate_batched` for a micro-batch whose episode starts are all at its sequences' first steps; contrib's
-    per-step loop otherwise (fixed-length chunks, ``sequence_length``, may hold a reset after their first step).
+def _batched_or(per_step: Any, policy: ActorCriticPolicy, micro: Any, actions: th.Tensor) -> Evaluation:
+    """:func:`evaluate_batched` for a micro-batch whose episode starts are all at its sequences' first steps; the
+    ``per_step`` loop otherwise (fixed-length chunks, ``sequence_length``, may hold a reset after their first step).
     One host read of the episode starts per micro-batch."""
     data = micro.samples
     n_seq = data.lstm_states.pi[0].shape[1]
     if bool(data.episode_starts.reshape((n_seq, -1))[:, 1:].any()):
-        return _evaluate(policy, data, actions, _per_step(policy))
+        return _evaluate(policy, data, actions, per_step)
     return _evaluate(policy, data, actions, batched_sequence)
+
+
+def evaluate_batched_or_loop(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                             with_distribution: bool) -> Evaluation:
+    """One LSTM call per micro-batch, or contrib's per-step loop where a chunk holds a reset (:func:`_batched_or`)."""
+    return _batched_or(_per_step(policy), policy, micro, actions)
+
+
+def evaluate_batched_or_lean_loop(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                                  with_distribution: bool) -> Evaluation:
+    """:func:`evaluate_batched_or_loop` with contrib's loop run lean (:func:`per_step_sequence`, the same numbers), for
+    a policy whose ``recurrent_lean_blocker`` (with ``evaluate_actions``) is None."""
+    return _batched_or(per_step_sequence, policy, micro, actions)
 
 
 #: PPO's buffer arguments, which RecurrentPPO does not take (its buffer is built from the policy's LSTM shapes).
@@ -260,8 +272,11 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     @property
     def _evaluator(self) -> Evaluator:
         """Contrib's per-step LSTM loop, lean where that is exact (not under ``compile_loss``, which traces contrib's
-        own ``evaluate_actions``); with ``batched_sequences``, one LSTM call per micro-batch."""
+        own ``evaluate_actions``); with ``batched_sequences``, one LSTM call per micro-batch (and with
+        ``sequence_length``, that loop for the chunks that hold a reset)."""
+        exact_lean = not self.compile_loss and recurrent_lean_blocker(self.policy, ("evaluate_actions",)) is None
         if not self.batched_sequences:
-            exact_lean = not self.compile_loss and recurrent_lean_blocker(self.policy, ("evaluate_actions",)) is None
             return evaluate_recurrent_lean if exact_lean else evaluate_recurrent
-        return evaluate_batched if self.sequence_length is None else evaluate_batched_or_loop
+        if self.sequence_length is None:
+            return evaluate_batched
+        return evaluate_batched_or_lean_loop if exact_lean else evaluate_batched_or_loop
