@@ -58,6 +58,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any], str, int, str]] = {
                "SB3's defaults on HalfCheetah-v5 at 16 envs x 128 steps, VecNormalize"),
     "gpu_const_64": ("HalfCheetah-v5@gpu_const", {}, "HalfCheetah-v5", 1,
                      "@gpu_const: 64 envs x 256 steps, batch 2048, 10 epochs, lr 1e-3 (@gpu_kl with SB3's constant lr)"),
+    "cartpole_zoo": ("CartPole-v1", {}, "CartPole-v1", 24,
+                     "the zoo's CartPole-v1 entry: 8 envs x 32 steps, batch 256, 20 epochs, discrete actions"),
     "atari_pong": ("atari", {}, "PongNoFrameskip-v4", 2, "the zoo's Atari config: Pong, 8 envs, CnnPolicy"),
     "atari_pong_thp": ("atari", {}, "PongNoFrameskip-v4", 2,
                        "atari_pong with torch's `THP_MEM_ALLOC_ENABLE=1` for every algorithm (CPU tensors of 2 MB or "

@@ -6,8 +6,8 @@ The trims (each leaves parameters and Adam state equal to SB3 PPO's, tests/test_
 - ``flat Adam``: the CPU Adam step on flat buffers (sb3_ppo_scale/core/flat_adam.py);
 - ``gradient ops``: ``zero_grad`` without torch's per-call profiler range, and ``clip_grad_norm_``'s per-tensor
   calls batched (sb3_ppo_scale/core/gradient_ops.py);
-- ``fused evaluation``: a diagonal-Gaussian policy's ``evaluate_actions`` without module dispatch
-  (sb3_ppo_scale/core/evaluation.py).
+- ``fused evaluation``: a diagonal-Gaussian or categorical policy's ``evaluate_actions`` without module dispatch or
+  Distribution objects (sb3_ppo_scale/core/evaluation.py).
 
 One model per config of benchmarks/end_to_end.py, one rollout collected, then ``train()`` calls alternating between
 all trims on and each one off (the order reversed every repeat), one torch thread, the process pinned to one core.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import end_to_end  # noqa: E402
 
 from sb3_ppo_scale.core import step as update_step  # noqa: E402
-from sb3_ppo_scale.core.evaluation import FusedGaussianEvaluator  # noqa: E402
+from sb3_ppo_scale.core.evaluation import FusedEvaluator  # noqa: E402
 
 
 @contextmanager
@@ -61,7 +61,7 @@ def _without_gradient_ops() -> Any:
 
 
 def _without_fused_evaluation() -> Any:
-    return _patched(FusedGaussianEvaluator, "blocker", staticmethod(lambda policy: "switched off"))
+    return _patched(FusedEvaluator, "blocker", staticmethod(lambda policy: "switched off"))
 
 
 #: trim -> a context manager factory that switches it off
@@ -108,7 +108,7 @@ def measure(config: str, repeats: int, seed: int = 0) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+",
-                        choices=["hopper_sb3_defaults", "halfcheetah_zoo", "demo", "envs16", "atari_pong"],
+                        choices=["hopper_sb3_defaults", "halfcheetah_zoo", "demo", "envs16", "cartpole_zoo", "atari_pong"],
                         default=["hopper_sb3_defaults", "demo", "envs16"])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--core", type=end_to_end._core_argument, default=end_to_end.default_core(),

@@ -34,7 +34,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator, evaluate_with_distribution
+from sb3_ppo_scale.core.evaluation import Evaluation, evaluate_with_distribution
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
 from sb3_ppo_scale.core.rollout import DeviceRollout, SampleTypes, flat_field
 
@@ -102,9 +102,7 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
         rollout = super()._stage_rollout()
         return dataclasses.replace(rollout, sample_types=MASKABLE_SAMPLES, sample_extras=("action_masks",))
 
-    @property
-    def _evaluator(self) -> Evaluator:
-        return evaluate_masked
+    _plain_evaluator = staticmethod(evaluate_masked)  # fused where the policy allows (ScalableOnPolicyMixin._evaluator)
 
     _lean_reproduces = _CheckedMaskablePPO
 

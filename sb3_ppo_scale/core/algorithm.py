@@ -43,7 +43,7 @@ from sb3_ppo_scale.core.checks import (
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluator, FusedGaussianEvaluator, evaluate_actions
+from sb3_ppo_scale.core.evaluation import Evaluator, FusedEvaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.inference_graph import InferenceGraphs
@@ -181,7 +181,7 @@ class ScalableOnPolicyMixin:
         # cuda_graphs=True: collection's captured policy step, reused across rollouts
         self._inference_graphs = InferenceGraphs() if self.cuda_graphs else None
         self._loss = compiled_ppo_loss if self.compile_loss else ppo_loss
-        self._fused_evaluator: FusedGaussianEvaluator | None = None  # built by the first train() that can use it
+        self._fused_evaluator: FusedEvaluator | None = None  # built by the first train() that can use it
         self._guard = NonFiniteGuard(self.nonfinite, self.device, on_device=self.cuda_graphs)
         self._reducer: Reducer = LOCAL  # data-parallel training replaces it
         self._collect_device = resolve_collect_device(self.collect_device, self.device)
@@ -317,16 +317,20 @@ class ScalableOnPolicyMixin:
         return MinibatchLoader(rollout, batch_size, self.grad_accum_steps if shuffle else 1, shuffle=shuffle,
                                target_device=self.device, order=self._hooks.epoch_order)
 
+    #: The algorithm's own evaluation, as its ``train()`` calls the policy (sb3-contrib's classes set theirs).
+    _plain_evaluator: Evaluator = staticmethod(evaluate_actions)  # type: ignore[assignment]
+
     @property
     def _evaluator(self) -> Evaluator:
-        """How the policy evaluates a micro-batch (default: ``policy.evaluate_actions(obs, actions)``, for a
-        diagonal-Gaussian policy its operations without module dispatch: :class:`FusedGaussianEvaluator`). One object
-        per policy, so that the CUDA graphs' key (which holds the evaluator) stays the same across ``train()`` calls;
-        ``compile_loss`` traces SB3's own ``evaluate_actions``."""
-        if self.compile_loss or FusedGaussianEvaluator.blocker(self.policy) is not None:
-            return evaluate_actions
+        """How the policy evaluates a micro-batch: :attr:`_plain_evaluator` (default ``policy.evaluate_actions(obs,
+        actions)``), or for a diagonal-Gaussian, categorical or masked categorical policy its operations without
+        module dispatch (:class:`FusedEvaluator`). One object per policy, so that the CUDA graphs' key (which holds the
+        evaluator) stays the same across ``train()`` calls; ``compile_loss`` traces the policy's own
+        ``evaluate_actions``."""
+        if self.compile_loss or FusedEvaluator.blocker(self.policy) is not None:
+            return self._plain_evaluator
         if self._fused_evaluator is None or self._fused_evaluator.policy is not self.policy:
-            self._fused_evaluator = FusedGaussianEvaluator(self.policy)
+            self._fused_evaluator = FusedEvaluator(self.policy, self._plain_evaluator)
         return self._fused_evaluator
 
     def _boundary_state(self) -> dict[str, Any]:

@@ -7,10 +7,10 @@ SB3 action distribution when ``with_distribution`` is True (a KL term needs it),
 LSTM states and sequences: :mod:`sb3_ppo_scale.contrib.recurrent`). Each performs its policy's
 ``evaluate_actions`` operations in the same order, so the default update stays bit-identical to the algorithm's own.
 
-:class:`FusedGaussianEvaluator` is SB3 PPO's evaluation for a diagonal-Gaussian policy (MuJoCo-style tasks) without
-module dispatch or Distribution objects: the policy's layers through
-:class:`~sb3_ppo_scale.core.inference.FusedActorCritic` and torch's ``Normal.log_prob`` / ``entropy`` statements
-inlined, so the autograd graph, and with it every gradient, is the same.
+:class:`FusedEvaluator` is that evaluation without module dispatch or Distribution objects, for a diagonal-Gaussian
+(MuJoCo-style tasks), categorical or masked categorical policy: the policy's layers through
+:class:`~sb3_ppo_scale.core.inference.FusedActorCritic` and torch's ``Normal`` / ``Categorical`` statements (and
+sb3-contrib's ``MaskableCategorical``'s) inlined, so the autograd graph, and with it every gradient, is the same.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch as th
-from stable_baselines3.common.distributions import DiagGaussianDistribution, Distribution
+import torch.nn.functional as F
+from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution
+from stable_baselines3.common.distributions import CategoricalDistribution, DiagGaussianDistribution, Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from sb3_ppo_scale.core.inference import _LOG_SQRT_2PI, REPLACED_METHODS, FusedActorCritic, fusion_blocker
@@ -64,38 +66,109 @@ def evaluate_actions(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, 
 
 #: 0.5 + 0.5 log(2 pi), the constant of torch's ``Normal.entropy`` (``_LOG_SQRT_2PI`` is ``Normal.log_prob``'s)
 _HALF_LOG_2PI_E = 0.5 + 0.5 * math.log(2 * math.pi)
+#: ``(action net output, actions, micro-batch samples) -> (log_prob, entropy)``
+Scorer = Callable[[th.Tensor, th.Tensor, Any], tuple[th.Tensor, th.Tensor]]
 
 
-class FusedGaussianEvaluator:
-    """:func:`evaluate_actions` of a diagonal-Gaussian ``ActorCriticPolicy``, same operations in the same order.
+def gaussian_scorer(policy: ActorCriticPolicy) -> Scorer:
+    """``DiagGaussianDistribution``: ``Normal(mean, ones_like(mean) * exp(log_std))`` (``broadcast_all`` on both),
+    ``log_prob`` and ``entropy`` summed over the action dimensions, statement for statement."""
+    log_std = policy.log_std
 
-    ``DiagGaussianDistribution`` builds ``Normal(mean, ones_like(mean) * exp(log_std))`` (``broadcast_all`` on both)
-    and sums ``log_prob`` and ``entropy`` over the action dimensions; this does exactly that on plain tensors. With
-    ``with_distribution`` (a KL term needs the distribution object) it is :func:`evaluate_actions`.
+    def score(mean_actions: th.Tensor, actions: th.Tensor, samples: Any) -> tuple[th.Tensor, th.Tensor]:
+        loc, scale = th.broadcast_tensors(mean_actions, th.ones_like(mean_actions) * log_std.exp())
+        var = scale**2  # Normal.log_prob
+        log_scale = scale.log()
+        log_prob = -((actions - loc) ** 2) / (2 * var) - log_scale - _LOG_SQRT_2PI
+        entropy = _HALF_LOG_2PI_E + th.log(scale)
+        return log_prob.sum(dim=1), entropy.sum(dim=1)
+
+    return score
+
+
+def _categorical_log_prob(logits: th.Tensor, actions: th.Tensor) -> th.Tensor:
+    """torch's ``Categorical.log_prob`` on normalised ``logits``, without its sample validation."""
+    value = actions.long().unsqueeze(-1)
+    value, log_pmf = th.broadcast_tensors(value, logits)
+    value = value[..., :1]
+    return log_pmf.gather(-1, value).squeeze(-1)
+
+
+def categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
+    """``CategoricalDistribution``: torch's ``Categorical(logits=...)``, then ``log_prob`` and ``entropy``, statement for
+    statement, without argument validation."""
+
+    def score(logits: th.Tensor, actions: th.Tensor, samples: Any) -> tuple[th.Tensor, th.Tensor]:
+        logits = logits - logits.logsumexp(dim=-1, keepdim=True)  # Categorical.__init__
+        log_prob = _categorical_log_prob(logits, actions)
+        clamped = th.clamp(logits, min=th.finfo(logits.dtype).min)  # Categorical.entropy; probs is softmax, lazily
+        p_log_p = clamped * F.softmax(logits, dim=-1)
+        return log_prob, -p_log_p.sum(-1)
+
+    return score
+
+
+def masked_categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
+    """sb3-contrib's ``MaskableCategoricalDistribution`` under ``apply_masking(samples.action_masks)``, as
+    ``MaskableActorCriticPolicy.evaluate_actions`` uses it: the logits normalised, masked to -1e8, normalised again,
+    then ``log_prob`` and the masked ``entropy``. (``MaskableCategorical`` also normalises the normalised logits once
+    more before masking; that result feeds nothing, so it is left out.)"""
+    action_dim = policy.action_dist.action_dim
+
+    def score(action_logits: th.Tensor, actions: th.Tensor, samples: Any) -> tuple[th.Tensor, th.Tensor]:
+        logits = action_logits.view(-1, action_dim)  # proba_distribution
+        logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+        masks = samples.action_masks
+        if masks is None:  # apply_masking(None): Categorical's own entropy
+            return categorical_scorer(policy)(logits, actions, samples)
+        masks = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
+        huge_neg = th.tensor(-1e8, dtype=logits.dtype, device=logits.device)
+        logits = th.where(masks, logits, huge_neg)
+        logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+        log_prob = _categorical_log_prob(logits, actions)
+        p_log_p = logits * F.softmax(logits, dim=-1)  # MaskableCategorical.entropy
+        p_log_p = th.where(masks, p_log_p, th.tensor(0.0, device=logits.device))
+        return log_prob, -p_log_p.sum(-1)
+
+    return score
+
+
+#: The distributions whose scoring :class:`FusedEvaluator` inlines, by exact class.
+SCORERS: dict[type, Callable[[ActorCriticPolicy], Scorer]] = {
+    DiagGaussianDistribution: gaussian_scorer,
+    CategoricalDistribution: categorical_scorer,
+    MaskableCategoricalDistribution: masked_categorical_scorer,
+}
+
+
+class FusedEvaluator:
+    """The policy's ``evaluate_actions`` without module dispatch or Distribution objects, same operations in the same
+    order, so the autograd graph, and with it every gradient, is the same: the network through
+    :class:`~sb3_ppo_scale.core.inference.FusedActorCritic`, then the distribution's statements (:data:`SCORERS`).
+    With ``with_distribution`` (a KL term needs the distribution object) it is ``fallback``.
 
     :param policy: a policy for which :meth:`blocker` is None; its parameters are read by reference.
+    :param fallback: the algorithm's own evaluator (default SB3 PPO's :func:`evaluate_actions`).
     """
 
-    def __init__(self, policy: ActorCriticPolicy) -> None:
+    def __init__(self, policy: ActorCriticPolicy, fallback: Evaluator = evaluate_actions) -> None:
         self.policy = policy
+        self.fallback = fallback
         self.network = FusedActorCritic(policy).network
-        self.log_std = policy.log_std
+        self.score = SCORERS[type(policy.action_dist)](policy)
 
     @staticmethod
     def blocker(policy: ActorCriticPolicy) -> str | None:
         """Why ``policy.evaluate_actions`` cannot be replaced exactly, or None when it can."""
-        if type(policy.action_dist) is not DiagGaussianDistribution:
-            return f"action distribution {type(policy.action_dist).__name__} is not DiagGaussianDistribution"
+        if type(policy.action_dist) not in SCORERS:
+            return (f"action distribution {type(policy.action_dist).__name__} is not one of "
+                    f"{', '.join(kind.__name__ for kind in SCORERS)}")
         return fusion_blocker(policy, replaced=(*REPLACED_METHODS, "evaluate_actions"))
 
     def __call__(self, policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
                  with_distribution: bool) -> Evaluation:
         if with_distribution or policy is not self.policy:
-            return evaluate_actions(policy, micro, actions, with_distribution)
-        mean_actions, _, values = self.network(micro.samples.observations)
-        loc, scale = th.broadcast_tensors(mean_actions, th.ones_like(mean_actions) * self.log_std.exp())
-        var = scale**2  # Normal.log_prob, statement for statement
-        log_scale = scale.log()
-        log_prob = -((actions - loc) ** 2) / (2 * var) - log_scale - _LOG_SQRT_2PI
-        entropy = _HALF_LOG_2PI_E + th.log(scale)
-        return values, log_prob.sum(dim=1), entropy.sum(dim=1), None
+            return self.fallback(policy, micro, actions, with_distribution)
+        action_out, _, values = self.network(micro.samples.observations)
+        log_prob, entropy = self.score(action_out, actions, micro.samples)
+        return values, log_prob, entropy, None
