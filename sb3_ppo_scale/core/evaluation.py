@@ -8,7 +8,7 @@ LSTM states and sequences: :mod:`sb3_ppo_scale.contrib.recurrent`). Each perform
 ``evaluate_actions`` operations in the same order, so the default update stays bit-identical to the algorithm's own.
 
 :class:`FusedEvaluator` is that evaluation without module dispatch or Distribution objects, for a diagonal-Gaussian
-(MuJoCo-style tasks), categorical or masked categorical policy: the policy's layers through
+(MuJoCo-style tasks), categorical or masked categorical policy on non-image observations: the policy's layers through
 :class:`~sb3_ppo_scale.core.inference.FusedActorCritic` and torch's ``Normal`` / ``Categorical`` statements (and
 sb3-contrib's ``MaskableCategorical``'s) inlined, so the autograd graph, and with it every gradient, is the same.
 """
@@ -21,9 +21,11 @@ from typing import Any
 
 import torch as th
 import torch.nn.functional as F
+from gymnasium import spaces
 from sb3_contrib.common.maskable.distributions import MaskableCategoricalDistribution
 from stable_baselines3.common.distributions import CategoricalDistribution, DiagGaussianDistribution, Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import is_image_space
 
 from sb3_ppo_scale.core.inference import _LOG_SQRT_2PI, REPLACED_METHODS, FusedActorCritic, fusion_blocker
 
@@ -141,6 +143,13 @@ SCORERS: dict[type, Callable[[ActorCriticPolicy], Scorer]] = {
 }
 
 
+def _holds_images(space: spaces.Space) -> bool:
+    """Whether ``space`` (or a subspace of a Dict space) is an image, as SB3 decides for its CNN extractors."""
+    if isinstance(space, spaces.Dict):
+        return any(_holds_images(subspace) for subspace in space.spaces.values())
+    return is_image_space(space, check_channels=False)
+
+
 class FusedEvaluator:
     """The policy's ``evaluate_actions`` without module dispatch or Distribution objects, same operations in the same
     order, so the autograd graph, and with it every gradient, is the same: the network through
@@ -159,7 +168,11 @@ class FusedEvaluator:
 
     @staticmethod
     def blocker(policy: ActorCriticPolicy) -> str | None:
-        """Why ``policy.evaluate_actions`` cannot be replaced exactly, or None when it can."""
+        """Why ``policy.evaluate_actions`` is not replaced (it cannot be exactly, or it would not pay), or None."""
+        if _holds_images(policy.observation_space):
+            # the convolutions are the update's time; at the zoo's Atari config the fused evaluation measured 0.96x
+            # (benchmarks/results/update_trims_atari), so image policies keep their own evaluate_actions
+            return "image observations (the convolutions dominate; fusing measured slower)"
         if type(policy.action_dist) not in SCORERS:
             return (f"action distribution {type(policy.action_dist).__name__} is not one of "
                     f"{', '.join(kind.__name__ for kind in SCORERS)}")
