@@ -124,12 +124,14 @@ def masked_categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
         if masks is None:  # apply_masking(None): Categorical's own entropy
             return categorical_scorer(policy)(logits, actions, samples)
         masks = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
-        huge_neg = th.tensor(-1e8, dtype=logits.dtype, device=logits.device)
+        # contrib's th.tensor(-1e8, dtype, device) and th.tensor(0.0, device), made by a fill instead of a host copy (the
+        # same values, and a CUDA graph can capture it)
+        huge_neg = th.full((), -1e8, dtype=logits.dtype, device=logits.device)
         logits = th.where(masks, logits, huge_neg)
         logits = logits - logits.logsumexp(dim=-1, keepdim=True)
         log_prob = _categorical_log_prob(logits, actions)
         p_log_p = logits * F.softmax(logits, dim=-1)  # MaskableCategorical.entropy
-        p_log_p = th.where(masks, p_log_p, th.tensor(0.0, device=logits.device))
+        p_log_p = th.where(masks, p_log_p, th.zeros((), device=logits.device))
         return log_prob, -p_log_p.sum(-1)
 
     return score
