@@ -13,8 +13,8 @@ value and no gradient:
 
 Collection calls it once per env step (:mod:`sb3_ppo_scale.contrib.recurrent_collect`); training calls
 :func:`per_step_sequence` once per LSTM and micro-batch (:mod:`sb3_ppo_scale.contrib.recurrent`). At the zoo's
-PendulumNoVel-v1 and CartPoleNoVel-v1 entries, where contrib's loop is most of ``train()``, this made ``train()``
-about 1.2x faster (``benchmarks/contrib_train.py``).
+PendulumNoVel-v1 and CartPoleNoVel-v1 entries, where contrib's loop is most of ``train()``, the default
+ScalableRecurrentPPO's ``train()`` measured about 1.25x RecurrentPPO's with it (``benchmarks/contrib_train.py``).
 """
 
 from __future__ import annotations

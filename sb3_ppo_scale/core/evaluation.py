@@ -116,13 +116,14 @@ def masked_categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
     then ``log_prob`` and the masked ``entropy``. (``MaskableCategorical`` also normalises the normalised logits once
     more before masking; that result feeds nothing, so it is left out.)"""
     action_dim = policy.action_dist.action_dim
+    unmasked = categorical_scorer(policy)
 
     def score(action_logits: th.Tensor, actions: th.Tensor, samples: Any) -> tuple[th.Tensor, th.Tensor]:
         logits = action_logits.view(-1, action_dim)  # proba_distribution
         logits = logits - logits.logsumexp(dim=-1, keepdim=True)
         masks = samples.action_masks
-        if masks is None:  # apply_masking(None): Categorical's own entropy
-            return categorical_scorer(policy)(logits, actions, samples)
+        if masks is None:  # apply_masking(None): Categorical on these logits, its own entropy
+            return unmasked(logits, actions, samples)
         masks = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
         # contrib's th.tensor(-1e8, dtype, device) and th.tensor(0.0, device), made by a fill instead of a host copy (the
         # same values, and a CUDA graph can capture it)
