@@ -221,3 +221,18 @@ def test_contrib_classes_match_their_contrib_class_on_cuda(algo: str) -> None:
     contrib, ours = (train_one(cls, make, 3 * N_STEPS, policy, "cuda", **COMMON) for cls in classes)
     assert max_param_diff(contrib, ours) <= TOL
     assert ours._n_updates == contrib._n_updates
+
+
+def test_maskable_cuda_graphs_match_eager() -> None:
+    """ScalableMaskablePPO with ``cuda_graphs=True`` against its eager update on CUDA: the masks are device tensors and
+    the fused masked evaluation (its constants made by fills) is captured and replayed."""
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+
+    from sb3_ppo_scale import ScalableMaskablePPO
+
+    make = lambda: make_vec_env(lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10), n_envs=2, seed=0)  # noqa: E731
+    eager, graphed = (train_one(ScalableMaskablePPO, make, 3 * N_STEPS, "MlpPolicy", "cuda", **COMMON, **extra)
+                      for extra in ({}, {"cuda_graphs": True}))
+    assert max_param_diff(eager, graphed) <= TOL
+    assert graphed._n_grad_steps == eager._n_grad_steps
+    assert graphed._graph_cache.graphs is not None  # the graphs really ran
