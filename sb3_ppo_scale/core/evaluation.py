@@ -27,7 +27,13 @@ from stable_baselines3.common.distributions import CategoricalDistribution, Diag
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import is_image_space
 
-from sb3_ppo_scale.core.inference import _LOG_SQRT_2PI, REPLACED_METHODS, FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.inference import (
+    _LOG_SQRT_2PI,
+    REPLACED_METHODS,
+    FusedActorCritic,
+    fusion_blocker,
+    mask_logits,
+)
 
 #: ``(values, log_prob, entropy or None, distribution or None)``
 Evaluation = tuple[th.Tensor, th.Tensor, "th.Tensor | None", "Distribution | None"]
@@ -97,8 +103,8 @@ def _categorical_log_prob(logits: th.Tensor, actions: th.Tensor) -> th.Tensor:
 
 
 def categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
-    """``CategoricalDistribution``: torch's ``Categorical(logits=...)``, then ``log_prob`` and ``entropy``, statement for
-    statement, without argument validation."""
+    """``CategoricalDistribution``: torch's ``Categorical(logits=...)``, then ``log_prob`` and ``entropy``, statement
+    for statement, without argument validation."""
 
     def score(logits: th.Tensor, actions: th.Tensor, samples: Any) -> tuple[th.Tensor, th.Tensor]:
         logits = logits - logits.logsumexp(dim=-1, keepdim=True)  # Categorical.__init__
@@ -124,15 +130,12 @@ def masked_categorical_scorer(policy: ActorCriticPolicy) -> Scorer:
         masks = samples.action_masks
         if masks is None:  # apply_masking(None): Categorical on these logits, its own entropy
             return unmasked(logits, actions, samples)
-        masks = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
-        # contrib's th.tensor(-1e8, dtype, device) and th.tensor(0.0, device), made by a fill instead of a host copy (the
-        # same values, and a CUDA graph can capture it)
-        huge_neg = th.full((), -1e8, dtype=logits.dtype, device=logits.device)
-        logits = th.where(masks, logits, huge_neg)
+        allowed, logits = mask_logits(logits, masks)
         logits = logits - logits.logsumexp(dim=-1, keepdim=True)
         log_prob = _categorical_log_prob(logits, actions)
         p_log_p = logits * F.softmax(logits, dim=-1)  # MaskableCategorical.entropy
-        p_log_p = th.where(masks, p_log_p, th.zeros((), device=logits.device))
+        # contrib's th.tensor(0.0, device), by a fill as mask_logits makes its -1e8
+        p_log_p = th.where(allowed, p_log_p, th.zeros((), device=logits.device))
         return log_prob, -p_log_p.sum(-1)
 
     return score

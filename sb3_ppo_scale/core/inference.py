@@ -177,13 +177,22 @@ class CategoricalSampler(ActionSampler):
         return _categorical(mean_actions)
 
 
+def mask_logits(normalized: th.Tensor, masks: Any) -> tuple[th.Tensor, th.Tensor]:
+    """sb3-contrib's ``MaskableCategorical.apply_masking(masks)`` on normalised logits: (the masks as a bool tensor
+    shaped like the logits, the logits with masked entries set to -1e8). Contrib makes -1e8 with
+    ``th.tensor(-1e8, dtype, device)``; a fill gives the same value without a host copy (a CUDA graph can capture
+    it)."""
+    allowed = th.as_tensor(masks, dtype=th.bool, device=normalized.device).reshape(normalized.shape)
+    huge_neg = th.full((), -1e8, dtype=normalized.dtype, device=normalized.device)
+    return allowed, th.where(allowed, normalized, huge_neg)
+
+
 def _masked_categorical(logits: th.Tensor, masks: Any) -> tuple[th.Tensor, th.Tensor]:
     """sb3-contrib's ``MaskableCategorical(logits=...)`` after ``apply_masking(masks)``: the logits normalised, masked
     entries set to -1e8 (none when ``masks`` is None), then torch's ``Categorical`` on the result."""
     normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
     if masks is not None:
-        allowed = th.as_tensor(masks, dtype=th.bool, device=logits.device).reshape(normalized.shape)
-        normalized = th.where(allowed, normalized, th.tensor(-1e8, dtype=logits.dtype, device=logits.device))
+        _, normalized = mask_logits(normalized, masks)
     return _categorical(normalized)
 
 
