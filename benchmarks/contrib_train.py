@@ -12,7 +12,8 @@ medians and each class's ratio to the contrib class's median. One torch thread (
     OMP_NUM_THREADS=1 python benchmarks/contrib_train.py [--repeats 5] [--cases cartpole_novel,pendulum_novel,atari_cnnlstm,masking]
 
 Writes ``benchmarks/results/contrib/train_cpu.md`` (``--out`` to change the folder); ``--device cuda`` times the
-models on the GPU (``train_cuda.md``; the envs stay on the CPU).
+models on the GPU (``train_cuda.md``; the envs stay on the CPU), and adds each ``sequence_length`` variant with
+``cuda_graphs=True``.
 """
 
 from __future__ import annotations
@@ -143,9 +144,20 @@ def timed_train(model: Any, pristine: Any) -> float:
     return time.perf_counter() - start
 
 
+def on_device(classes: dict[str, tuple[type, dict[str, Any]]], device: str) -> dict[str, tuple[type, dict[str, Any]]]:
+    """The classes to time on ``device``: on CUDA, each ``sequence_length`` variant also with ``cuda_graphs=True``
+    (chunks through contrib's loop at every step, the update replayed from CUDA graphs)."""
+    if not device.startswith("cuda"):
+        return classes
+    graphed = {f"ScalableRecurrentPPO(sequence_length={extra['sequence_length']}, cuda_graphs=True)":
+               (cls, {"sequence_length": extra["sequence_length"], "cuda_graphs": True})
+               for cls, extra in classes.values() if "sequence_length" in extra}
+    return {**classes, **graphed}
+
+
 def run_case(case: Case, repeats: int, device: str = "cpu") -> list[tuple[str, float, list[float]]]:
     """``(label, median samples/s, all samples/s)`` per class, timed interleaved."""
-    models = {label: collected(cls, case, extra, device) for label, (cls, extra) in case.classes.items()}
+    models = {label: collected(cls, case, extra, device) for label, (cls, extra) in on_device(case.classes, device).items()}
     for model, pristine in models.values():
         timed_train(model, pristine)  # warm-up, untimed
     seconds: dict[str, list[float]] = {label: [] for label in models}

@@ -9,8 +9,9 @@
 #   5. with COMPILE=1, both train_phase runs also time ScalablePPO(compile_loss=True) (inductor: Triton on CUDA, a
 #      C++ compiler on the CPU; off by default so a box without one still gives the other figures);
 #   6. with CONTRIB=1, benchmarks/contrib_train.py --device cuda: the contrib classes' train() against sb3-contrib's
-#      on the GPU, cases $CONTRIB_CASES (default masking,cartpole_novel,pendulum_novel; the NoVel envs need rl_zoo3:
-#      pass rl_zoo3==2.9.2 to ../shared/device/wheels.sh; atari_cnnlstm needs ale-py), written as contrib/train_cuda.md.
+#      on the GPU (the recurrent sequence_length variants also with cuda_graphs=True), cases $CONTRIB_CASES (default
+#      masking,cartpole_novel,pendulum_novel; the NoVel envs need rl_zoo3: pass rl_zoo3==2.9.2 to
+#      ../shared/device/wheels.sh; atari_cnnlstm needs ale-py), written as contrib/train_cuda.md.
 #   7. with COLLECT=1, benchmarks/end_to_end.py collect --device cuda: SB3's loop against the lean loop with the
 #      policy on the GPU (rollouts checked equal), and beside them ScalablePPO's cuda_graphs=True (the policy step
 #      replayed from a CUDA graph, rollouts checked equal) and collect_device="cpu", Hopper-v5 at

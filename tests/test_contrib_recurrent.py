@@ -16,11 +16,12 @@ from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_scale import ScalableRecurrentPPO
-from sb3_ppo_scale.contrib.lstm import per_step_sequence
+from sb3_ppo_scale.contrib.lstm import every_step_sequence, per_step_sequence
 from sb3_ppo_scale.contrib.recurrent import (
     evaluate_batched,
     evaluate_batched_or_lean_loop,
     evaluate_batched_or_loop,
+    evaluate_every_step,
     evaluate_recurrent,
     evaluate_recurrent_lean,
 )
@@ -127,7 +128,8 @@ def test_batched_forward_is_rounding_not_bitwise() -> None:
 def test_lean_lstm_loop_is_contribs_loop_in_values_and_gradients(n_layers: int) -> None:
     """per_step_sequence against RecurrentActorCriticPolicy._process_sequence on padded sequences with episode starts
     at some steps and none at others (the first among them, so initial states holding -0.0 go in unmultiplied): the
-    output and every gradient (weights, features, initial states) bit for bit."""
+    output and every gradient (weights, features, initial states) bit for bit; every_step_sequence (the reset at every
+    step, for CUDA graphs) too."""
     th.manual_seed(0)
     lstm = th.nn.LSTM(5, 8, num_layers=n_layers)
     n_seq, steps = 3, 7
@@ -137,14 +139,15 @@ def test_lean_lstm_loop_is_contribs_loop_in_values_and_gradients(n_layers: int) 
     hidden, cell = th.randn(n_layers, n_seq, 8), th.randn(n_layers, n_seq, 8)
     hidden[0, 1, :3] = -0.0
     results = []
-    for process in (lambda *a: RecurrentActorCriticPolicy._process_sequence(*a)[0], per_step_sequence):
+    for process in (lambda *a: RecurrentActorCriticPolicy._process_sequence(*a)[0], per_step_sequence,
+                    every_step_sequence):
         lstm.zero_grad()
         inputs = [t.clone().requires_grad_() for t in (features, hidden, cell)]
         output = process(inputs[0], (inputs[1], inputs[2]), starts.flatten(), lstm)
         (output * th.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
         results.append([output, *(t.grad for t in inputs), *(p.grad for p in lstm.parameters())])
-    contrib, lean = results
-    assert all(th.equal(a, b) for a, b in zip(contrib, lean))
+    contrib, lean, every_step = results
+    assert all(th.equal(a, b) and th.equal(a, c) for a, b, c in zip(contrib, lean, every_step, strict=True))
 
 
 def test_default_training_runs_the_lean_lstm_loop_where_it_is_exact() -> None:
@@ -164,6 +167,11 @@ def test_default_training_runs_the_lean_lstm_loop_where_it_is_exact() -> None:
     assert model._evaluator is evaluate_recurrent_lean
     chunked.policy.lstm_actor.register_forward_hook(lambda *args: None)
     assert chunked._evaluator is evaluate_batched_or_loop
+    graphed = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", sequence_length=8, **SMALL)
+    graphed.cuda_graphs = True  # the constructor takes it on CUDA only: the evaluator a capture needs
+    assert graphed._evaluator is evaluate_every_step
+    graphed.policy.lstm_actor.register_forward_hook(lambda *args: None)
+    assert graphed._evaluator is evaluate_recurrent  # a hook sees contrib's calls (a capture then fails, by name)
 
 
 class _OwnEvaluation(RecurrentActorCriticPolicy):
@@ -247,11 +255,13 @@ def test_bad_arguments_are_named(kwargs: dict, pattern: str) -> None:
         ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", **{**SMALL, **kwargs})
 
 
-def test_cuda_graphs_refusal_with_fixed_chunks_says_what_is_missing() -> None:
-    with pytest.raises(ValueError, match=r"cuda_graphs=True .*capturing fixed-length chunks \(sequence_length\) "
-                                         r"is not built"):
-        ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", cuda_graphs=True, sequence_length=8,
-                             **SMALL)
+@pytest.mark.parametrize(("kwargs", "pattern"), [
+    (dict(), r"cuda_graphs=True .*padded minibatch shapes change .*pass sequence_length=L"),
+    (dict(sequence_length=8, batched_sequences=True), r"cuda_graphs=True .*pass batched_sequences=False"),
+])
+def test_cuda_graphs_refusal_says_what_to_pass(kwargs: dict, pattern: str) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", cuda_graphs=True, **kwargs, **SMALL)
 
 
 @pytest.mark.parametrize("name", ["rollout_buffer_class", "rollout_buffer_kwargs"])

@@ -14,7 +14,8 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import ScalableRecurrentPPO
-from sb3_ppo_scale.contrib.sequences import ChunkLoader, SequenceLoader
+from sb3_ppo_scale.contrib.sequences import ChunkBatch, ChunkLoader, SequenceBatch, SequenceLoader
+from sb3_ppo_scale.core.objectives import AdvantageNormalizer
 from tests.helpers import ACCUMULATION_ATOL, assert_params_close, train_one
 
 LSTM = dict(lstm_hidden_size=16, net_arch=[16])
@@ -57,12 +58,12 @@ def test_every_minibatch_holds_exactly_batch_size_samples_and_rows(accum: int) -
         micro = list(batch.micro_batches())
         assert len(micro) == accum
         for m in micro:
-            assert bool(m.mask.all())  # no padding slot
+            assert m.mask is None  # no padding slot: every row is a sample
             assert m.samples.observations.shape[0] == len(m.rows) == m.samples.lstm_states.pi[0].shape[1] * L
         assert sum(len(m.rows) for m in micro) == len(batch)
         assert sum(m.share for m in micro) == pytest.approx(1.0)
         seen.append(len(batch))
-        chunks = np.asarray(batch.indices).reshape(-1, L)
+        chunks = batch.indices.numpy().reshape(-1, L)
         assert (np.diff(chunks, axis=1) == 1).all() and (chunks[:, 0] % L == 0).all()  # whole chunks of one env
     assert seen == [48, 48, 32]
     starts = model._sequence_starts.reshape(-1, L)
@@ -84,6 +85,38 @@ def test_chunks_reproduce_what_collection_computed(batched: bool) -> None:
                 values[micro.rows], log_probs[micro.rows] = value.flatten(), log_prob
     th.testing.assert_close(values, rollout.old_values, rtol=0, atol=1e-5)
     th.testing.assert_close(log_probs, rollout.old_log_prob, rtol=0, atol=1e-5)
+
+
+def _losses_and_gradients(model: ScalableRecurrentPPO, batch) -> tuple[list[th.Tensor], list[th.Tensor]]:
+    """Each micro-batch's loss and stats, and the gradients accumulated as UpdateStep accumulates them."""
+    settings = model._loss_settings()
+    model.policy.optimizer.zero_grad()
+    normalize = AdvantageNormalizer.fit(batch.advantages(), True)
+    outputs = []
+    for micro in batch.micro_batches():
+        loss, stats = model._loss(model.policy, micro, normalize, settings)
+        (loss * micro.share).backward()
+        outputs += [loss.detach(), stats, th.tensor(micro.share)]
+    return outputs, [p.grad.clone() for p in model.policy.parameters()]
+
+
+@pytest.mark.parametrize("accum", [1, 2, 3])
+def test_chunk_batches_on_the_device_equal_padded_sequence_batches_of_the_same_chunks(accum: int) -> None:
+    """ChunkBatch (device indices, no mask: what a CUDA graph can replay) gives the losses, statistics and gradients of
+    the same chunks cut as contrib-style padded sequences (host layouts, an all-True mask), bit for bit."""
+    model = collected(sequence_length=L, grad_accum_steps=accum)
+    rollout = model._stage_rollout()
+    chunks = np.random.default_rng(1).permutation(len(rollout) // L)[:6]
+    indices = (chunks[:, None] * L + np.arange(L)).reshape(-1)
+    first_steps = np.zeros(len(indices), dtype=bool)
+    first_steps[::L] = True
+    padded = SequenceBatch(rollout, indices, first_steps, accum, model.device)
+    on_device = ChunkBatch(rollout, th.from_numpy(indices), L, accum, model.device)
+    assert [len(layout.rows) for layout in padded.layouts()] == [n * L for n in on_device.chunk_counts()]
+    (padded_out, padded_grads), (device_out, device_grads) = (_losses_and_gradients(model, b) for b in (padded, on_device))
+    assert all(th.equal(a, b) for a, b in zip(padded_out, device_out, strict=True))
+    assert all(th.equal(a, b) for a, b in zip(padded_grads, device_grads, strict=True))
+    assert model._sequence_starts[indices].reshape(-1, L)[:, 1:].any()  # chunks with a reset after their first step
 
 
 def test_accumulation_over_whole_chunks_equals_the_big_batch() -> None:

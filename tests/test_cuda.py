@@ -236,3 +236,26 @@ def test_maskable_cuda_graphs_match_eager() -> None:
     assert max_param_diff(eager, graphed) <= TOL
     assert graphed._n_grad_steps == eager._n_grad_steps
     assert graphed._graph_cache.graphs is not None  # the graphs really ran
+
+
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_recurrent_cuda_graphs_match_eager_on_fixed_chunks(grad_accum_steps: int) -> None:
+    """ScalableRecurrentPPO(sequence_length=16, cuda_graphs=True) against the same chunks updated eagerly through the
+    same evaluation (contrib's LSTM loop at every step, ``evaluate_every_step``; the eager default reads on the host
+    where the resets are and may take one LSTM call instead): the chunks' device indices are captured and replayed."""
+    from sb3_ppo_scale import ScalableRecurrentPPO
+    from sb3_ppo_scale.contrib.recurrent import evaluate_every_step
+
+    class EagerEveryStep(ScalableRecurrentPPO):
+        _evaluator = property(lambda self: evaluate_every_step)  # type: ignore[assignment]
+
+    make = lambda: make_vec_env("CartPole-v1", n_envs=2, seed=0)  # noqa: E731
+    common = dict(**COMMON, sequence_length=16, grad_accum_steps=grad_accum_steps,
+                  policy_kwargs=dict(lstm_hidden_size=32, net_arch=[32]))
+    eager = train_one(EagerEveryStep, make, 3 * N_STEPS * 2, "MlpLstmPolicy", "cuda", **common)
+    graphed = train_one(ScalableRecurrentPPO, make, 3 * N_STEPS * 2, "MlpLstmPolicy", "cuda", cuda_graphs=True,
+                        **common)
+    assert graphed._evaluator is evaluate_every_step
+    assert max_param_diff(eager, graphed) <= TOL
+    assert graphed._n_grad_steps == eager._n_grad_steps
+    assert graphed._graph_cache.graphs is not None and graphed._graph_cache.captures == 1  # captured once, replayed

@@ -11,6 +11,8 @@ value and no gradient:
   factor is ``1.0 - 0.0 == 1.0``, and ``x * 1.0`` is ``x`` bit for bit (signed zeros and NaN included), as is the
   gradient it passes back.
 
+:func:`every_step_sequence` is that loop with the reset at every step (no host read, for CUDA graphs).
+
 Collection calls it once per env step (:mod:`sb3_ppo_scale.contrib.recurrent_collect`); training calls
 :func:`per_step_sequence` once per LSTM and micro-batch (:mod:`sb3_ppo_scale.contrib.recurrent`). At the zoo's
 PendulumNoVel-v1 and CartPoleNoVel-v1 entries, where contrib's loop is most of ``train()``, the default
@@ -77,3 +79,14 @@ def per_step_sequence(features: th.Tensor, lstm_states: States, episode_starts: 
     n_seq = lstm_states[0].shape[1]
     starts_at = episode_starts.reshape((n_seq, -1)).any(dim=0).tolist()
     return LstmStep(lstm)(features, lstm_states, episode_starts, starts_at)[0]
+
+
+def every_step_sequence(features: th.Tensor, lstm_states: States, episode_starts: th.Tensor,
+                        lstm: th.nn.LSTM) -> th.Tensor:
+    """Contrib's per-step loop over every time step, each step's states multiplied by ``1 - episode_start`` (the
+    branch ``_process_sequence`` takes when a sequence holds an episode start: the same values and gradients), without
+    reading anything on the host: the loop is fixed by the shapes, so a CUDA graph can capture it (``cuda_graphs``
+    with ``sequence_length``)."""
+    steps = features.shape[0] // lstm_states[0].shape[1]
+    return LstmStep(lstm)(features, lstm_states, episode_starts, [True] * steps)[0]
+

@@ -28,7 +28,7 @@ from sb3_contrib.common.recurrent.buffers import RecurrentDictRolloutBuffer, Rec
 from sb3_contrib.common.recurrent.type_aliases import RNNStates
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.contrib.lstm import per_step_sequence
+from sb3_ppo_scale.contrib.lstm import every_step_sequence, per_step_sequence
 from sb3_ppo_scale.contrib.recurrent_collect import collect_rollouts_recurrent_lean, recurrent_lean_blocker
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
@@ -130,6 +130,14 @@ def evaluate_batched_or_lean_loop(policy: ActorCriticPolicy, micro: Any, actions
     return _batched_or(per_step_sequence, policy, micro, actions)
 
 
+def evaluate_every_step(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor,
+                        with_distribution: bool) -> Evaluation:
+    """Contrib's per-step LSTM loop at every time step (:func:`~sb3_ppo_scale.contrib.lstm.every_step_sequence`):
+    nothing read on the host, so ``cuda_graphs=True`` captures it; fixed-length chunks (``sequence_length``) only."""
+    values, log_prob, entropy, distribution = _evaluate(policy, micro.samples, actions, every_step_sequence)
+    return values, log_prob, entropy, distribution if with_distribution else None
+
+
 #: PPO's buffer arguments, which RecurrentPPO does not take (its buffer is built from the policy's LSTM shapes).
 BUFFER_ARGUMENTS = frozenset({"rollout_buffer_class", "rollout_buffer_kwargs"})
 
@@ -152,6 +160,8 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
         micro-batch goes through the loop only when it holds such a reset). Gradients flow within a chunk only
         (truncated back-propagation through time at L steps). L must divide ``n_steps`` and ``batch_size`` (per
         process under torchrun). Not RecurrentPPO's sampling: opt-in. See :class:`~sb3_ppo_scale.contrib.sequences.ChunkLoader`.
+        With ``cuda_graphs=True`` (which needs it, and ``batched_sequences=False``) every full minibatch's update is
+        replayed from CUDA graphs, each chunk run through contrib's loop at every step.
 
     Minibatches are contrib's (``batch_size`` real samples, cut into zero-padded sequences: the padded size varies)
     unless ``sequence_length`` is set. ``grad_accum_steps`` splits each into micro-batches of whole sequences,
@@ -159,9 +169,8 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     (every minibatch then holds ``grad_accum_steps`` sequences), or ``batch_size / sequence_length >=
     grad_accum_steps`` with ``sequence_length``.
     Not supported, with a clear error: ``rollout_buffer_class`` / ``rollout_buffer_kwargs`` (a ``TypeError``, as
-    RecurrentPPO's, saying so), ``cuda_graphs`` (padded shapes change with every minibatch; capturing
-    ``sequence_length``'s fixed chunks is not built),
-    ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
+    RecurrentPPO's, saying so), ``cuda_graphs`` without ``sequence_length`` (padded shapes change with every
+    minibatch) or with ``batched_sequences``, ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
     policy's device).
     """
 
@@ -184,12 +193,16 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     def _check_supported(self, config: ScaleConfig) -> None:
         if not isinstance(self.batched_sequences, bool):
             raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
-        for name in ("cuda_graphs", "overlap_collection"):
-            if getattr(config, name):
-                why = {"overlap_collection": "the EnvPool collector does not carry LSTM states",
-                       "cuda_graphs": "its padded minibatch shapes change with every minibatch" if self.sequence_length
-                       is None else "capturing fixed-length chunks (sequence_length) is not built"}[name]
-                raise ValueError(f"{name}=True is not supported by ScalableRecurrentPPO ({why}); pass {name}=False")
+        if config.overlap_collection:
+            raise ValueError("overlap_collection=True is not supported by ScalableRecurrentPPO (the EnvPool collector "
+                             "does not carry LSTM states); pass overlap_collection=False")
+        if config.cuda_graphs and (self.sequence_length is None or self.batched_sequences):
+            why = ("contrib's padded minibatch shapes change with every minibatch; pass sequence_length=L for "
+                   "minibatches of one shape" if self.sequence_length is None else
+                   "a graph replays one LSTM loop, and batched_sequences chooses between its batched call and the loop "
+                   "per micro-batch on the host; pass batched_sequences=False")
+            raise ValueError(f"cuda_graphs=True is not supported by ScalableRecurrentPPO here ({why}), or pass "
+                             "cuda_graphs=False")
         if resolve_collect_device(config.collect_device, self.device) != self.device:
             raise ValueError(f"collect_device must be 'auto' (the policy's device, {self.device}) for "
                              f"ScalableRecurrentPPO: collection keeps the LSTM states there, got {config.collect_device!r}")
@@ -273,8 +286,11 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     def _evaluator(self) -> Evaluator:
         """Contrib's per-step LSTM loop, lean where that is exact (not under ``compile_loss``, which traces contrib's
         own ``evaluate_actions``); with ``batched_sequences``, one LSTM call per micro-batch (and with
-        ``sequence_length``, that loop for the chunks that hold a reset)."""
+        ``sequence_length``, that loop for the chunks that hold a reset); with ``cuda_graphs``, the loop at every
+        step of the chunks (:func:`evaluate_every_step`, nothing read on the host)."""
         exact_lean = not self.compile_loss and recurrent_lean_blocker(self.policy, ("evaluate_actions",)) is None
+        if self.cuda_graphs:  # fixed-length chunks (_check_supported); a policy of its own keeps its loop
+            return evaluate_every_step if exact_lean else evaluate_recurrent
         if not self.batched_sequences:
             return evaluate_recurrent_lean if exact_lean else evaluate_recurrent
         if self.sequence_length is None:

@@ -17,7 +17,8 @@ from minibatch to minibatch (sb3-contrib issue #113). The rollout is cut into ch
 env (``L`` divides ``n_steps``), each starting from the LSTM states stored at its first step; an epoch is one
 ``np.random.permutation`` of the chunks, ``batch_size / L`` chunks per minibatch: exactly ``batch_size`` samples and
 as many rows, no padding. An episode start inside a chunk resets the states at that step, as contrib's per-step loop
-does (:func:`sb3_ppo_scale.contrib.recurrent.evaluate_batched_or_loop` sends such micro-batches to the loop).
+does (:func:`sb3_ppo_scale.contrib.recurrent.evaluate_batched_or_loop` sends such micro-batches to the loop). Its
+minibatches (:class:`ChunkBatch`) are index tensors on the rollout's device, so ``cuda_graphs=True`` can capture them.
 
 Gradient accumulation splits a logical minibatch into micro-batches of *whole sequences* (each padded to its own
 longest sequence), balanced by sample count; each micro-batch's loss is weighted by its share of the logical
@@ -192,6 +193,73 @@ class SequenceLoader:
             yield SequenceBatch(self.rollout, indices, starts, self.grad_accum_steps, self.target_device)
 
 
+@dataclass
+class ChunkBatch:
+    """A logical minibatch of whole chunks of ``chunk`` consecutive steps of one env (``sequence_length``), indexed on
+    the rollout's device: no padding, and nothing read from the host, so that a CUDA graph can capture its update
+    (``cuda_graphs=True``) and replay it with other ``indices`` of the same shape.
+
+    :param rollout: the staged rollout (with the recurrent extras), env-major.
+    :param indices: the minibatch's rollout indices, chunk after chunk (int64, on the rollout's device).
+    :param chunk: steps per chunk.
+    :param n_micro: micro-batches of whole chunks (at most one per chunk).
+    :param target_device: where micro-batches are gathered to.
+    """
+
+    rollout: DeviceRollout
+    indices: th.Tensor
+    chunk: int
+    n_micro: int
+    target_device: th.device
+
+    def __len__(self) -> int:
+        return self.indices.shape[0]
+
+    def advantages(self) -> th.Tensor:
+        """The minibatch's raw advantages, in chunk order."""
+        return self.rollout.advantages.index_select(0, self.indices)
+
+    def chunk_counts(self) -> list[int]:
+        """Chunks per micro-batch, cut where :meth:`SequenceBatch.layouts` cuts whole sequences: the first chunk
+        starting at or after each ``k / n_micro`` of the samples."""
+        n_chunks = len(self) // self.chunk
+        cuts = [0, *(-(-k * n_chunks // self.n_micro) for k in range(1, self.n_micro)), n_chunks]
+        return [end - begin for begin, end in zip(cuts[:-1], cuts[1:])]
+
+    def micro_batches(self, n_logical: int | None = None) -> Iterator[MicroBatch]:
+        """Gather each micro-batch of whole chunks, weighted by its share of ``n_logical`` samples (default: all)."""
+        n_logical = len(self) if n_logical is None else n_logical
+        for rows in th.split(self.indices, [count * self.chunk for count in self.chunk_counts()]):
+            yield gather_chunks(self.rollout, rows, self.chunk, self.target_device, rows.shape[0] / n_logical)
+
+
+def gather_chunks(rollout: DeviceRollout, rows: th.Tensor, chunk: int, device: th.device, share: float) -> MicroBatch:
+    """A micro-batch of whole chunks in contrib's sequence-major layout (``n_seq = len(rows) / chunk`` sequences of
+    ``chunk`` steps): every sample field, the LSTM states stored at each chunk's first step ``(n_layers, n_seq,
+    hidden)`` and ``episode_starts``; no padding, so ``mask`` is None (every row is a sample)."""
+
+    def take(tensor: th.Tensor | None) -> th.Tensor | None:
+        return None if tensor is None else tensor.index_select(0, rows).to(device, non_blocking=True)
+
+    first_steps = rows[::chunk]
+
+    def state(name: str) -> th.Tensor:  # (n_seq, n_layers, hidden) -> (n_layers, n_seq, hidden)
+        return rollout.extras[name].index_select(0, first_steps).transpose(0, 1).contiguous().to(device,
+                                                                                                 non_blocking=True)
+
+    obs = rollout.observations
+    observations = {k: take(v) for k, v in obs.items()} if isinstance(obs, dict) else take(obs)
+    fields = [take(getattr(rollout, name)) for name in _PADDED_FIELDS]
+    states = RNNStates((state("hidden_states_pi"), state("cell_states_pi")),
+                       (state("hidden_states_vf"), state("cell_states_vf")))
+    samples_cls = RecurrentDictRolloutBufferSamples if isinstance(obs, dict) else RecurrentRolloutBufferSamples
+    every_row = th.ones(rows.shape[0], device=device)  # contrib's float mask field: no padding slot
+    samples = samples_cls(observations, *fields, states, take(rollout.extras["episode_starts"]),  # type: ignore[arg-type]
+                          every_row)
+    return MicroBatch(samples, share, weights=take(rollout.weights), old_dist=take(rollout.old_dist),
+                      rows=rows.to(device, non_blocking=True))
+
+
 class ChunkLoader:
     """Iterate a recurrent rollout in minibatches of whole chunks of ``chunk`` consecutive steps of one env (see the
     module docstring): exactly ``batch_size`` samples each (the last may be shorter), no padding.
@@ -222,12 +290,12 @@ class ChunkLoader:
     def __len__(self) -> int:
         return -(-self.n_chunks // self.chunks_per_batch)
 
-    def __iter__(self) -> Iterator[SequenceBatch]:
+    def __iter__(self) -> Iterator[ChunkBatch]:
         order = np.random.permutation(self.n_chunks) if self.shuffle else np.arange(self.n_chunks)
-        offsets = np.arange(self.chunk)
-        for begin in range(0, self.n_chunks, self.chunks_per_batch):
-            chunks = order[begin : begin + self.chunks_per_batch]
-            indices = (chunks[:, None] * self.chunk + offsets).reshape(-1)
-            starts = np.zeros(len(indices), dtype=bool)
-            starts[:: self.chunk] = True
-            yield SequenceBatch(self.rollout, indices, starts, self.grad_accum_steps, self.target_device)
+        rows = (order[:, None] * self.chunk + np.arange(self.chunk)).reshape(-1)
+        rows_on_device = th.from_numpy(rows).to(self.rollout.device)  # the epoch's order, copied once
+        per_batch = self.chunks_per_batch * self.chunk
+        for begin in range(0, len(rows), per_batch):
+            indices = rows_on_device[begin : begin + per_batch]
+            n_micro = min(self.grad_accum_steps, indices.shape[0] // self.chunk)
+            yield ChunkBatch(self.rollout, indices, self.chunk, n_micro, self.target_device)

@@ -17,18 +17,30 @@ keeps it otherwise, so saving, loading and CPU training see an ordinary optimize
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch as th
 
 from sb3_ppo_scale.core.objectives import LossSettings
-from sb3_ppo_scale.core.sampling import LogicalBatch
+from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.sampling import Batch
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep
 
 #: ``(data_ptr, shape, dtype)`` of a tensor a graph reads or writes (None for an absent optional field)
 Storage = tuple[int, tuple[int, ...], th.dtype] | None
+
+
+class IndexedBatch(Batch, Protocol):
+    """A logical minibatch that is a function of one index tensor on the rollout's device (a dataclass with an
+    ``indices`` field: :class:`~sb3_ppo_scale.core.sampling.LogicalBatch`, or a recurrent policy's
+    :class:`~sb3_ppo_scale.contrib.sequences.ChunkBatch`): a graph captured on one replays for another of the same
+    shape once its indices are copied into the captured ones."""
+
+    rollout: DeviceRollout
+    indices: th.Tensor
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,7 @@ class CudaGraphStep:
         self._previous_capturable = _make_capturable(self._optimizer, cache.steps)
         self._previous_lr = _learning_rates_as_tensors(self._optimizer, cache.learning_rates)
 
-    def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
+    def __call__(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
         if len(batch) != self._batch_size:
             return self._step(batch)
         if not self._checked:  # first full-size minibatch of this call: are the cached graphs still valid?
@@ -104,7 +116,7 @@ class CudaGraphStep:
             return self._step(batch)
         return self._replay(batch)
 
-    def key(self, batch: LogicalBatch) -> GraphKey:
+    def key(self, batch: IndexedBatch) -> GraphKey:
         """What the graphs bake in, for ``batch`` (see :class:`GraphKey`)."""
         optimizer = self._optimizer
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -122,7 +134,7 @@ class CudaGraphStep:
             optimizer_state=tuple(t.data_ptr() for t in state),
         )
 
-    def _replay(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
+    def _replay(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
         cache = self._cache
         assert cache.graphs is not None and cache.static_indices is not None and cache.static_stats is not None
         cache.static_indices.copy_(batch.indices)
@@ -134,7 +146,7 @@ class CudaGraphStep:
         apply_graph.replay()
         return stats, True
 
-    def _warm_up_and_capture(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
+    def _warm_up_and_capture(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
         """A real eager update on a side stream (PyTorch's required warm-up), then the capture of both graphs."""
         self._release_autograd_graph()
         if self._cache.side_stream is None:
@@ -159,11 +171,11 @@ class CudaGraphStep:
         if action_dist is not None and hasattr(action_dist, "distribution"):
             action_dist.distribution = None
 
-    def _capture(self, like: LogicalBatch) -> None:
+    def _capture(self, like: IndexedBatch) -> None:
         cache = self._cache
         _adopt_step_counters(self._optimizer, cache.steps)  # counters the warm-up created become persistent
         cache.static_indices = th.empty_like(like.indices)
-        static_batch = LogicalBatch(like.rollout, cache.static_indices, like.n_micro, like.target_device)
+        static_batch = dataclasses.replace(like, indices=cache.static_indices)  # type: ignore[type-var]
         self._optimizer.zero_grad(set_to_none=True)  # backward allocates .grad inside the graph's memory pool
         gradients_graph, apply_graph = th.cuda.CUDAGraph(), th.cuda.CUDAGraph()
         try:

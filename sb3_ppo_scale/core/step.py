@@ -32,7 +32,7 @@ from sb3_ppo_scale.core.flat_adam import FlatAdam, flat_blocker
 from sb3_ppo_scale.core.gradient_ops import clip_grad_norm, gradient_clearer
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.objectives import KL_INDEX, AdvantageNormalizer, LossSettings, MicroBatch
-from sb3_ppo_scale.core.sampling import LogicalBatch
+from sb3_ppo_scale.core.sampling import Batch
 
 #: ``(policy, micro-batch, advantage normaliser, settings) -> (loss, stats vector)``: the eager or compiled PPO loss
 Loss = Callable[[th.nn.Module, MicroBatch, AdvantageNormalizer, LossSettings], tuple[th.Tensor, th.Tensor]]
@@ -153,7 +153,7 @@ class UpdateStep:
         self.stepper: th.optim.Optimizer | FlatAdam = FlatAdam(self.optimizer) if flat else self.optimizer
         self.zero_grad = gradient_clearer(self.optimizer)  #: ``optimizer.zero_grad()``, direct where that is exact
 
-    def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
+    def __call__(self, batch: Batch) -> tuple[th.Tensor, bool]:
         """Update on ``batch``; returns ``(stats, stepped)``; ``stepped`` is False when ``target_kl`` stopped it."""
         stats = self.gradients(batch)
         if self.exceeds_target_kl(stats):
@@ -161,7 +161,7 @@ class UpdateStep:
         self.apply(stats)
         return stats, True
 
-    def gradients(self, batch: LogicalBatch) -> th.Tensor:
+    def gradients(self, batch: Batch) -> th.Tensor:
         """Zero the gradients and backward every micro-batch of ``batch``; returns its stats vector (device)."""
         self.zero_grad()
         normalize, n_logical = self._normalizer(batch)
@@ -197,7 +197,7 @@ class UpdateStep:
         for group in self._foreach_groups:
             group["foreach"] = None
 
-    def _normalizer(self, batch: LogicalBatch) -> tuple[AdvantageNormalizer, int | None]:
+    def _normalizer(self, batch: Batch) -> tuple[AdvantageNormalizer, int | None]:
         """The logical minibatch's advantage normaliser and its global size (None: the local size)."""
         advantages = batch.advantages()
         if self.reducer.world_size == 1:
