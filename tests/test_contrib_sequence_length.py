@@ -111,7 +111,7 @@ def test_chunk_batches_on_the_device_equal_padded_sequence_batches_of_the_same_c
     first_steps = np.zeros(len(indices), dtype=bool)
     first_steps[::L] = True
     padded = SequenceBatch(rollout, indices, first_steps, accum, model.device)
-    on_device = ChunkBatch(rollout, th.from_numpy(indices), L, accum, model.device)
+    on_device = ChunkBatch(rollout, th.from_numpy(indices), accum, model.device, L)
     assert [len(layout.rows) for layout in padded.layouts()] == [n * L for n in on_device.chunk_counts()]
     (padded_out, padded_grads), (device_out, device_grads) = (_losses_and_gradients(model, b) for b in (padded, on_device))
     assert all(th.equal(a, b) for a, b in zip(padded_out, device_out, strict=True))

@@ -40,7 +40,7 @@ from sb3_contrib.common.recurrent.type_aliases import (
 )
 
 from sb3_ppo_scale.core.rollout import DeviceRollout
-from sb3_ppo_scale.core.sampling import MicroBatch
+from sb3_ppo_scale.core.sampling import LogicalBatch, MicroBatch
 
 #: the rollout extras a recurrent rollout carries (see ScalableRecurrentPPO._rollout_extras)
 STATE_FIELDS = ("hidden_states_pi", "cell_states_pi", "hidden_states_vf", "cell_states_vf")
@@ -194,30 +194,17 @@ class SequenceLoader:
 
 
 @dataclass
-class ChunkBatch:
-    """A logical minibatch of whole chunks of ``chunk`` consecutive steps of one env (``sequence_length``), indexed on
-    the rollout's device: no padding, and nothing read from the host, so that a CUDA graph can capture its update
-    (``cuda_graphs=True``) and replay it with other ``indices`` of the same shape.
+class ChunkBatch(LogicalBatch):
+    """A logical minibatch of whole chunks of ``chunk`` consecutive steps of one env (``sequence_length``): a
+    :class:`~sb3_ppo_scale.core.sampling.LogicalBatch` whose ``indices`` (on the rollout's device) list the chunks'
+    rows chunk after chunk, cut into micro-batches of whole chunks. No padding, and nothing read from the host, so
+    that a CUDA graph can capture its update (``cuda_graphs=True``) and replay it with other ``indices`` of the same
+    shape.
 
-    :param rollout: the staged rollout (with the recurrent extras), env-major.
-    :param indices: the minibatch's rollout indices, chunk after chunk (int64, on the rollout's device).
-    :param chunk: steps per chunk.
-    :param n_micro: micro-batches of whole chunks (at most one per chunk).
-    :param target_device: where micro-batches are gathered to.
+    :param chunk: steps per chunk (``n_micro``: micro-batches of whole chunks, at most one per chunk).
     """
 
-    rollout: DeviceRollout
-    indices: th.Tensor
-    chunk: int
-    n_micro: int
-    target_device: th.device
-
-    def __len__(self) -> int:
-        return self.indices.shape[0]
-
-    def advantages(self) -> th.Tensor:
-        """The minibatch's raw advantages, in chunk order."""
-        return self.rollout.advantages.index_select(0, self.indices)
+    chunk: int = 1
 
     def chunk_counts(self) -> list[int]:
         """Chunks per micro-batch, cut where :meth:`SequenceBatch.layouts` cuts whole sequences: the first chunk
@@ -298,4 +285,4 @@ class ChunkLoader:
         for begin in range(0, len(rows), per_batch):
             indices = rows_on_device[begin : begin + per_batch]
             n_micro = min(self.grad_accum_steps, indices.shape[0] // self.chunk)
-            yield ChunkBatch(self.rollout, indices, self.chunk, n_micro, self.target_device)
+            yield ChunkBatch(self.rollout, indices, n_micro, self.target_device, self.chunk)

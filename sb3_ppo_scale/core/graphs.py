@@ -20,27 +20,16 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch as th
 
 from sb3_ppo_scale.core.objectives import LossSettings
-from sb3_ppo_scale.core.rollout import DeviceRollout
-from sb3_ppo_scale.core.sampling import Batch
+from sb3_ppo_scale.core.sampling import LogicalBatch
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep
 
 #: ``(data_ptr, shape, dtype)`` of a tensor a graph reads or writes (None for an absent optional field)
 Storage = tuple[int, tuple[int, ...], th.dtype] | None
-
-
-class IndexedBatch(Batch, Protocol):
-    """A logical minibatch that is a function of one index tensor on the rollout's device (a dataclass with an
-    ``indices`` field: :class:`~sb3_ppo_scale.core.sampling.LogicalBatch`, or a recurrent policy's
-    :class:`~sb3_ppo_scale.contrib.sequences.ChunkBatch`): a graph captured on one replays for another of the same
-    shape once its indices are copied into the captured ones."""
-
-    rollout: DeviceRollout
-    indices: th.Tensor
 
 
 @dataclass(frozen=True)
@@ -101,7 +90,7 @@ class CudaGraphStep:
         self._previous_capturable = _make_capturable(self._optimizer, cache.steps)
         self._previous_lr = _learning_rates_as_tensors(self._optimizer, cache.learning_rates)
 
-    def __call__(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
+    def __call__(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         if len(batch) != self._batch_size:
             return self._step(batch)
         if not self._checked:  # first full-size minibatch of this call: are the cached graphs still valid?
@@ -116,7 +105,7 @@ class CudaGraphStep:
             return self._step(batch)
         return self._replay(batch)
 
-    def key(self, batch: IndexedBatch) -> GraphKey:
+    def key(self, batch: LogicalBatch) -> GraphKey:
         """What the graphs bake in, for ``batch`` (see :class:`GraphKey`)."""
         optimizer = self._optimizer
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -134,7 +123,7 @@ class CudaGraphStep:
             optimizer_state=tuple(t.data_ptr() for t in state),
         )
 
-    def _replay(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
+    def _replay(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         cache = self._cache
         assert cache.graphs is not None and cache.static_indices is not None and cache.static_stats is not None
         cache.static_indices.copy_(batch.indices)
@@ -146,7 +135,7 @@ class CudaGraphStep:
         apply_graph.replay()
         return stats, True
 
-    def _warm_up_and_capture(self, batch: IndexedBatch) -> tuple[th.Tensor, bool]:
+    def _warm_up_and_capture(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
         """A real eager update on a side stream (PyTorch's required warm-up), then the capture of both graphs."""
         self._release_autograd_graph()
         if self._cache.side_stream is None:
@@ -171,11 +160,12 @@ class CudaGraphStep:
         if action_dist is not None and hasattr(action_dist, "distribution"):
             action_dist.distribution = None
 
-    def _capture(self, like: IndexedBatch) -> None:
+    def _capture(self, like: LogicalBatch) -> None:
         cache = self._cache
         _adopt_step_counters(self._optimizer, cache.steps)  # counters the warm-up created become persistent
         cache.static_indices = th.empty_like(like.indices)
-        static_batch = dataclasses.replace(like, indices=cache.static_indices)  # type: ignore[type-var]
+        # the same kind of minibatch (a LogicalBatch or a subclass: a recurrent policy's ChunkBatch) on the static indices
+        static_batch = dataclasses.replace(like, indices=cache.static_indices)
         self._optimizer.zero_grad(set_to_none=True)  # backward allocates .grad inside the graph's memory pool
         gradients_graph, apply_graph = th.cuda.CUDAGraph(), th.cuda.CUDAGraph()
         try:
