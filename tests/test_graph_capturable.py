@@ -17,9 +17,10 @@ import torch as th
 from gymnasium.wrappers import FlattenObservation
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
+from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.core.gradient_ops import clip_grad_norm
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
@@ -102,9 +103,25 @@ def _host_reads_of_a_graphed_update(model: Any) -> list[str]:
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=1, seed=0, device="cpu")
 
 
-@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
-def test_scalable_ppo_update_reads_nothing_on_the_host(env_id: str) -> None:
-    model = ScalablePPO("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), **SMALL)
+@pytest.mark.parametrize(("env_id", "kwargs"), [
+    ("Pendulum-v1", {}),
+    ("CartPole-v1", {}),
+    ("Pendulum-v1", dict(grad_accum_steps=3)),
+    ("Pendulum-v1", dict(objective="kl_penalty")),
+    ("Pendulum-v1", dict(objective="clip_kl_penalty", clip_range_vf=0.2)),
+    ("Pendulum-v1", dict(rollout_buffer_class=PrioritizedRolloutBuffer,
+                         rollout_buffer_kwargs=dict(priority="abs_advantage"))),
+    ("Pendulum-v1", dict(use_sde=True)),
+], ids=["gaussian", "categorical", "accumulation", "kl_penalty", "clip_kl_penalty", "prioritized", "gsde"])
+def test_scalable_ppo_update_reads_nothing_on_the_host(env_id: str, kwargs: dict) -> None:
+    """The configurations tests/test_cuda.py captures on a GPU."""
+    model = ScalablePPO("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), **{**SMALL, **kwargs})
+    assert _host_reads_of_a_graphed_update(_learned(model)) == []
+
+
+def test_image_policy_update_reads_nothing_on_the_host() -> None:
+    env = make_vec_env(lambda: FakeImageEnv(screen_height=36, screen_width=36, n_channels=1), n_envs=2, seed=0)
+    model = ScalablePPO("CnnPolicy", env, policy_kwargs=dict(features_extractor_kwargs=dict(features_dim=16)), **SMALL)
     assert _host_reads_of_a_graphed_update(_learned(model)) == []
 
 
