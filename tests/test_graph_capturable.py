@@ -1,9 +1,10 @@
-"""What ``cuda_graphs=True`` captures, checked on the CPU: the gradients of a full minibatch read nothing on the host.
+"""What ``cuda_graphs=True`` captures, checked on the CPU: the gradients of a full minibatch, and collection's policy
+step, read nothing on the host.
 
 A CUDA graph records kernels; an operation that waits for a tensor's value on the host (``.item()``, ``bool(t)``,
 boolean indexing, ``nonzero``) makes the capture fail. ``tests/test_cuda.py`` captures on a GPU; this module runs
-the same ``UpdateStep.gradients`` (and the gradient clip) on the CPU under a dispatch mode that records every such
-operation, so a change that would break capture fails here too, on any machine. The optimizer step is not covered:
+the same ``UpdateStep.gradients`` (and the gradient clip), and the body of collection's ``GraphedStep``, on the CPU
+under a dispatch mode that records every such operation, so a change that would break capture fails here too, on any machine. The optimizer step is not covered:
 PyTorch's capturable Adam runs on CUDA only. The envs have Box observations: SB3 one-hot encodes a Discrete
 observation with ``F.one_hot``, which checks the class range on the host on a CPU, not on CUDA.
 """
@@ -22,8 +23,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.core.gradient_ops import clip_grad_norm
+from sb3_ppo_scale.core.inference import FusedActorCritic
+from sb3_ppo_scale.core.inference_graph import GraphedStep
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
+from tests.test_lean_collect import CASES, model_and_obs
 
 aten = th.ops.aten
 #: operations that read a tensor's value on the host (or size their output by it)
@@ -141,3 +145,15 @@ def test_recurrent_chunks_in_graph_mode_read_nothing_on_the_host(lstms: dict) ->
     assert "Tensor.tolist" in _host_reads_of_a_graphed_update(model)  # per_step_sequence reads where resets are
     model.cuda_graphs = True  # what graph mode evaluates with, run without a capture
     assert _host_reads_of_a_graphed_update(model) == []
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_collection_steps_captured_part_reads_nothing_on_the_host(case: str) -> None:
+    """Collection's graphed policy step (``cuda_graphs=True``): the part a graph captures (``GraphedStep._body``: the
+    network, and for a Gaussian policy the scale and scoring of the noise) for every action and observation space the
+    lean loop covers."""
+    model, obs = model_and_obs(case, rows=4)
+    step = GraphedStep(FusedActorCritic(model.policy), obs, capture=False)
+    with th.inference_mode(), HostReads() as reads:
+        step._body()
+    assert reads.seen == []
