@@ -2,13 +2,13 @@
 step, read nothing on the host.
 
 A CUDA graph records kernels; an operation that waits for a tensor's value on the host (``.item()``, ``bool(t)``,
-boolean indexing, ``nonzero``) makes the capture fail. ``tests/test_cuda.py`` captures on a GPU; this module runs
-the same ``UpdateStep.gradients`` (and the gradient clip), and the body of collection's ``GraphedStep``, on the CPU
-under a dispatch mode that records every such operation, so a change that would break capture fails here too, on any machine. The optimizer step is not covered:
-PyTorch's capturable Adam runs on CUDA only. The envs have Box observations: SB3 one-hot encodes a Discrete
-observation with ``F.one_hot``, which checks the class range on the host on a CPU, not on CUDA.
+boolean indexing, ``nonzero``) makes the capture fail. ``tests/test_cuda.py`` captures on a GPU; this module runs the
+same ``UpdateStep.gradients`` (and the gradient clip), and the body of collection's ``GraphedStep``, on the CPU under
+a dispatch mode that records every such operation, so a change that would break capture fails here too, on any
+machine. The optimizer step is not covered: PyTorch's capturable Adam runs on CUDA only. The update's envs have Box
+observations: SB3 one-hot encodes a Discrete observation with ``F.one_hot``, which checks the class range on the host
+on a CPU, not on CUDA.
 """
-
 from __future__ import annotations
 
 from typing import Any
