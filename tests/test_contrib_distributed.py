@@ -10,8 +10,11 @@ from each rank's NumPy RNG state:
   the rank; the global minibatch is the union of both ranks' sequences, each micro-batch weighted by its share of
   the global minibatch's real (unpadded) samples. LSTM states of all four envs travel with their sequences.
 
-Variants: plain clip, ``target_kl`` firing, ``grad_accum_steps`` > 1, the KL-penalty objective (masking) and
-``batched_sequences=True`` (recurrent). Both ranks end bitwise identical (the debug checksum runs after every update).
+- recurrent with ``sequence_length``: each rank's own permutation of its chunks, ``batch_size / 2 / L`` chunks per
+  rank and minibatch; the global minibatch is the union of both ranks' chunks.
+
+Variants: plain clip, ``target_kl`` firing, ``grad_accum_steps`` > 1, the KL-penalty objective (masking),
+``batched_sequences=True`` and ``sequence_length`` with accumulation (recurrent). Both ranks end bitwise identical (the debug checksum runs after every update).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import Logger
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
-from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, SequenceBatch
+from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkBatch, SequenceBatch
 from tests.helpers import GivenOrderHooks
 from tests.test_distributed import ATOL, BUFFER_FIELDS, WORLD, _CaptureLastRollout, _spawn, _state, _union_orders
 
 N_STEPS, N_ENVS = 32, 2  # 64 samples per rank
 N_LOCAL = N_STEPS * N_ENVS
+L = 8  #: sequence_length: 8 chunks per rank, local minibatches of 3, 3 and 2 chunks
 #: 48 global = 24 per rank: local minibatches of 24, 24 and 16 (a short last one)
 COMMON = dict(n_steps=N_STEPS, batch_size=48, n_epochs=3, learning_rate=3e-3, device="cpu")
 LSTM = dict(policy_kwargs=dict(lstm_hidden_size=8, net_arch=[16]))
@@ -49,6 +53,7 @@ VARIANTS: dict[tuple[str, str], dict[str, Any]] = {
     ("recurrent", "target_kl"): dict(LSTM, target_kl=1e-5),
     ("recurrent", "grad_accum"): dict(LSTM, grad_accum_steps=2),
     ("recurrent", "batched_sequences"): dict(LSTM, batched_sequences=True),
+    ("recurrent", "sequence_length"): dict(LSTM, sequence_length=L, grad_accum_steps=2),
 }
 CLASSES = {"maskable": ScalableMaskablePPO, "recurrent": ScalableRecurrentPPO}
 EXTRA_FIELDS = {"maskable": ("action_masks",), "recurrent": STATE_FIELDS}
@@ -116,6 +121,32 @@ class _UnionSequenceLoader:
                                 self.model.grad_accum_steps, self.model.device)
 
 
+class _UnionChunkLoader:
+    """Each epoch: every rank's permutation of its own chunks (replayed from its NumPy state); global minibatch k =
+    rank 0's k-th chunks, then rank 1's."""
+
+    def __init__(self, model: Any, rollout: Any, states: list[tuple], local_batch: int) -> None:
+        self.orders = []
+        for state in states:
+            rng = np.random.RandomState()
+            rng.set_state(state)
+            self.orders.append([rng.permutation(N_LOCAL // L) for _ in range(model.n_epochs)])
+        self.model, self.rollout, self.per_batch, self.epoch = model, rollout, local_batch // L, 0
+
+    def __len__(self) -> int:
+        return -(-(N_LOCAL // L) // self.per_batch)
+
+    def __iter__(self) -> Iterator[ChunkBatch]:
+        orders = [order[self.epoch] for order in self.orders]
+        self.epoch += 1
+        for begin in range(0, N_LOCAL // L, self.per_batch):
+            chunks = np.concatenate([order[begin : begin + self.per_batch] + r * (N_LOCAL // L)
+                                     for r, order in enumerate(orders)])
+            rows = th.from_numpy((chunks[:, None] * L + np.arange(L)).reshape(-1))
+            yield ChunkBatch(self.rollout, rows, min(self.model.grad_accum_steps * WORLD, len(chunks)),
+                             self.model.device, L)
+
+
 def _union_buffer(algo: str, model: Any, ranks: list[dict[str, Any]]) -> Any:
     n_envs = WORLD * N_ENVS
     if algo == "maskable":
@@ -152,7 +183,8 @@ def _single_process_reference(algo: str, variant: str, ranks: list[dict[str, Any
         def union_loader(rollout: Any, batch_size: int, shuffle: bool = True) -> Any:
             if not shuffle:  # the KL passes over the rollout in order
                 return in_order(rollout, batch_size, shuffle=False)
-            return _UnionSequenceLoader(model, rollout, states, local_batch)
+            union = _UnionChunkLoader if model.sequence_length else _UnionSequenceLoader
+            return union(model, rollout, states, local_batch)
 
         model._make_loader = union_loader
     model._n_grad_steps = 0
