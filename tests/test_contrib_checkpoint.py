@@ -70,6 +70,8 @@ ALGOS: dict[str, tuple[type, Any, str, dict[str, Any]]] = {
                   dict(policy_kwargs={"net_arch": [16], "lstm_hidden_size": 8})),
     "recurrent_batched": (ScalableRecurrentPPO, FixedLengthEnv, "MlpLstmPolicy",
                           dict(policy_kwargs={"net_arch": [16], "lstm_hidden_size": 8}, batched_sequences=True)),
+    "recurrent_chunks": (ScalableRecurrentPPO, FixedLengthEnv, "MlpLstmPolicy",
+                         dict(policy_kwargs={"net_arch": [16], "lstm_hidden_size": 8}, sequence_length=8)),
 }
 
 
@@ -131,6 +133,8 @@ def test_preempted_and_resumed_run_is_bit_identical(name: str, tmp_path: Path) -
         assert all(t.abs().sum() > 0 for t in restored)
     if name == "recurrent_batched":
         assert resumed.batched_sequences is True
+    if name == "recurrent_chunks":
+        assert resumed.sequence_length == 8
     learn_resumable(resumed, None, ResumableCheckpoint(path, signals=()))
     assert_identical(reference, resumed)  # every parameter and Adam state tensor, torch.equal
     for attribute in ("num_timesteps", "_n_updates", "_n_grad_steps", "_total_timesteps"):
