@@ -245,7 +245,9 @@ def wait_for(condition: Callable[[], T | None], what: str, process: subprocess.P
 def kill_mid_trial(process: subprocess.Popen[str], trials: Callable[[], list[Any]], n_params: int) -> Any:
     """Wait until the storage read by ``trials()`` holds a COMPLETE trial and a RUNNING one with all ``n_params``
     parameters (the trial a ``start_gated_tune`` process hangs in), SIGKILL the process group, reap it, and return
-    that RUNNING trial as it was before the kill."""
+    that trial as the storage holds it once the process is dead: every write the worker made before the kill is in
+    it (one CI run's read while the worker was writing showed the trial's parameters without the user attribute the
+    worker writes before them; never reproduced in isolation)."""
     from optuna.trial import TrialState
 
     def running_after_a_complete_one() -> Any:
@@ -261,4 +263,6 @@ def kill_mid_trial(process: subprocess.Popen[str], trials: Callable[[], list[Any
             os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
     assert process.returncode == -signal.SIGKILL
-    return victim
+    after = {t.number: t for t in trials()}[victim.number]
+    assert after.state == TrialState.RUNNING and after.params == victim.params  # killed mid-trial, nothing after
+    return after

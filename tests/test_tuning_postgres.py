@@ -221,7 +221,7 @@ def test_killed_worker_on_another_machine_is_failed_by_heartbeat_and_retried(
 
     victim = kill_mid_trial(worker, trials, n_params=2)
     assert victim.number == 1
-    assert victim.user_attrs[WORKER_ATTR].startswith("another-machine:")
+    assert victim.user_attrs.get(WORKER_ATTR, "").startswith("another-machine:"), victim.user_attrs
 
     # The trial stays RUNNING in the database; it is stale once its last heartbeat is TEST_GRACE_S old.
     rdb = open_storage(postgres_url)
