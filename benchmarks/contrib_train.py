@@ -157,7 +157,8 @@ def on_device(classes: dict[str, tuple[type, dict[str, Any]]], device: str) -> d
 
 def run_case(case: Case, repeats: int, device: str = "cpu") -> list[tuple[str, float, list[float]]]:
     """``(label, median samples/s, all samples/s)`` per class, timed interleaved."""
-    models = {label: collected(cls, case, extra, device) for label, (cls, extra) in on_device(case.classes, device).items()}
+    classes = on_device(case.classes, device)
+    models = {label: collected(cls, case, extra, device) for label, (cls, extra) in classes.items()}
     for model, pristine in models.values():
         timed_train(model, pristine)  # warm-up, untimed
     seconds: dict[str, list[float]] = {label: [] for label in models}

@@ -14,7 +14,8 @@ from each rank's NumPy RNG state:
   rank and minibatch; the global minibatch is the union of both ranks' chunks.
 
 Variants: plain clip, ``target_kl`` firing, ``grad_accum_steps`` > 1, the KL-penalty objective (masking),
-``batched_sequences=True`` and ``sequence_length`` with accumulation (recurrent). Both ranks end bitwise identical (the debug checksum runs after every update).
+``batched_sequences=True`` and ``sequence_length`` with accumulation (recurrent). Both ranks end bitwise identical
+(the debug checksum runs after every update).
 """
 
 from __future__ import annotations

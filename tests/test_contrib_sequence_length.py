@@ -113,7 +113,8 @@ def test_chunk_batches_on_the_device_equal_padded_sequence_batches_of_the_same_c
     padded = SequenceBatch(rollout, indices, first_steps, accum, model.device)
     on_device = ChunkBatch(rollout, th.from_numpy(indices), accum, model.device, L)
     assert [len(layout.rows) for layout in padded.layouts()] == [n * L for n in on_device.chunk_counts()]
-    (padded_out, padded_grads), (device_out, device_grads) = (_losses_and_gradients(model, b) for b in (padded, on_device))
+    padded_out, padded_grads = _losses_and_gradients(model, padded)
+    device_out, device_grads = _losses_and_gradients(model, on_device)
     assert all(th.equal(a, b) for a, b in zip(padded_out, device_out, strict=True))
     assert all(th.equal(a, b) for a, b in zip(padded_grads, device_grads, strict=True))
     assert model._sequence_starts[indices].reshape(-1, L)[:, 1:].any()  # chunks with a reset after their first step

@@ -137,8 +137,8 @@ def test_masked_update_reads_nothing_on_the_host() -> None:
 
 @pytest.mark.parametrize("lstms", [dict(), dict(shared_lstm=True, enable_critic_lstm=False)])
 def test_recurrent_chunks_in_graph_mode_read_nothing_on_the_host(lstms: dict) -> None:
-    """With ``cuda_graphs`` (set here on a CPU model, which the constructor refuses) the chunks go through contrib's loop
-    at every step; the eager chunk evaluators read where the resets are, which a graph cannot."""
+    """With ``cuda_graphs`` (set here on a CPU model, which the constructor refuses) the chunks go through contrib's
+    loop at every step; the eager chunk evaluators read where the resets are, which a graph cannot."""
     model = _learned(ScalableRecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0),
                                           sequence_length=8, policy_kwargs=dict(lstm_hidden_size=16, net_arch=[16],
                                                                                 **lstms), **SMALL))

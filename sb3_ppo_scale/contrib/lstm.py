@@ -89,4 +89,3 @@ def every_step_sequence(features: th.Tensor, lstm_states: States, episode_starts
     with ``sequence_length``)."""
     steps = features.shape[0] // lstm_states[0].shape[1]
     return LstmStep(lstm)(features, lstm_states, episode_starts, [True] * steps)[0]
-

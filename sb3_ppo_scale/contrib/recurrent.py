@@ -170,8 +170,8 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     grad_accum_steps`` with ``sequence_length``.
     Not supported, with a clear error: ``rollout_buffer_class`` / ``rollout_buffer_kwargs`` (a ``TypeError``, as
     RecurrentPPO's, saying so), ``cuda_graphs`` without ``sequence_length`` (padded shapes change with every
-    minibatch) or with ``batched_sequences``, ``overlap_collection`` and a ``collect_device`` other than the policy's (collection carries LSTM states on the
-    policy's device).
+    minibatch) or with ``batched_sequences``, ``overlap_collection`` and a ``collect_device`` other than the
+    policy's (collection carries LSTM states on the policy's device).
     """
 
     batched_sequences: bool = False  # class default: models saved before the argument existed load with it off

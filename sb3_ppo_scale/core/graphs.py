@@ -164,7 +164,7 @@ class CudaGraphStep:
         cache = self._cache
         _adopt_step_counters(self._optimizer, cache.steps)  # counters the warm-up created become persistent
         cache.static_indices = th.empty_like(like.indices)
-        # the same kind of minibatch (a LogicalBatch or a subclass: a recurrent policy's ChunkBatch) on the static indices
+        # the same kind of minibatch (a LogicalBatch, or a subclass: a recurrent policy's ChunkBatch), static indices
         static_batch = dataclasses.replace(like, indices=cache.static_indices)
         self._optimizer.zero_grad(set_to_none=True)  # backward allocates .grad inside the graph's memory pool
         gradients_graph, apply_graph = th.cuda.CUDAGraph(), th.cuda.CUDAGraph()
