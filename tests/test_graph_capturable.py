@@ -27,6 +27,7 @@ from sb3_ppo_scale.core.inference import FusedActorCritic
 from sb3_ppo_scale.core.inference_graph import GraphedStep
 from sb3_ppo_scale.core.guard import NonFiniteGuard
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
+from tests.helpers import seeded_dict_env
 from tests.test_lean_collect import CASES, model_and_obs
 
 aten = th.ops.aten
@@ -120,6 +121,11 @@ SMALL = dict(n_steps=64, batch_size=32, n_epochs=1, seed=0, device="cpu")
 def test_scalable_ppo_update_reads_nothing_on_the_host(env_id: str, kwargs: dict) -> None:
     """The configurations tests/test_cuda.py captures on a GPU."""
     model = ScalablePPO("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), **{**SMALL, **kwargs})
+    assert _host_reads_of_a_graphed_update(_learned(model)) == []
+
+
+def test_dict_observation_update_reads_nothing_on_the_host() -> None:
+    model = ScalablePPO("MultiInputPolicy", make_vec_env(seeded_dict_env, n_envs=2, seed=0), **SMALL)
     assert _host_reads_of_a_graphed_update(_learned(model)) == []
 
 
