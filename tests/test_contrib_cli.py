@@ -92,10 +92,25 @@ def test_bad_algo_is_one_line_listing_the_allowed_names(capsys: pytest.CaptureFi
                    "'scalable_ppo', 'scalable_maskable_ppo', 'scalable_recurrent_ppo') (see sb3-ppo-scale train --help)"]
 
 
+def test_every_scalable_argument_is_an_entry_key_of_the_contrib_classes() -> None:
+    """The scale layer's arguments (taken by the mixin's constructor through the class's ``**kwargs``) are entry keys
+    of both contrib classes, beside their own and the contrib class's."""
+    from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, constructor_keys
+    from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
+
+    added = constructor_keys(ScalableOnPolicyMixin)
+    assert {"grad_accum_steps", "cuda_graphs", "compile_loss", "objective", "nonfinite"} <= added
+    for name in ("scalable_maskable_ppo", "scalable_recurrent_ppo"):
+        assert added <= ALGORITHMS[name].model_keys(), name
+    assert {"batched_sequences", "sequence_length"} <= ALGORITHMS["scalable_recurrent_ppo"].model_keys()
+
+
 @pytest.mark.parametrize("algo,env_id,cls,overrides", [
     ("scalable_recurrent_ppo", "CartPoleNoVel-v1", ScalableRecurrentPPO, ["--set", "n_epochs=2"]),
+    ("scalable_recurrent_ppo", "CartPoleNoVel-v1", ScalableRecurrentPPO,
+     ["--set", "sequence_length=8", "--set", "grad_accum_steps=2", "--set", "objective=clip_kl_penalty"]),
     ("scalable_maskable_ppo", "InvalidActionEnvDiscrete-v0", ScalableMaskablePPO, ["--set", "n_steps=64"]),
-])
+], ids=["recurrent", "recurrent_scale_arguments", "maskable"])
 def test_train_and_evaluate_a_contrib_class(algo: str, env_id: str, cls: type, overrides: list[str], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
@@ -106,6 +121,9 @@ def test_train_and_evaluate_a_contrib_class(algo: str, env_id: str, cls: type, o
     assert saved["algo"] == algo and saved["config_file"] == str(CONTRIB_CONFIG)
     model = cls.load(run / "model.zip", device="cpu")
     assert type(model) is cls and model.num_timesteps == 256
+    for override in overrides[1::2]:  # each --set reached the model
+        key, value = override.split("=")
+        assert str(getattr(model, key)) == value, key
     assert sorted(p.name for p in (run / "tensorboard").iterdir()) == [f"{cls.__name__}_1"]
     assert (run / "evaluations.npz").is_file() and (run / "checkpoint.pt").is_file()
     capsys.readouterr()

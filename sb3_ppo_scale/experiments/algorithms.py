@@ -89,8 +89,17 @@ def import_class(path: str) -> type:
 
 
 def constructor_keys(cls: type) -> frozenset[str]:
-    """``cls.__init__``'s named arguments, without ``self``, ``policy``, ``env`` and catch-alls."""
-    names = set(inspect.signature(cls.__init__).parameters)
+    """The named arguments ``cls(...)`` takes, without ``self``, ``policy``, ``env`` and catch-alls: its ``__init__``'s,
+    and those of each ``__init__`` further up the MRO that the previous one's ``**kwargs`` hands on to, up to the
+    first without ``**kwargs`` (ScalableRecurrentPPO: its own, the scale mixin's and RecurrentPPO's)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters
+        names |= set(parameters)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            break
     return frozenset(names - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
 
 

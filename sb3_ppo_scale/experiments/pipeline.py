@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_nor
 
 from sb3_ppo_scale.core.checks import resolve_device
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.algorithms import constructor_keys
 from sb3_ppo_scale.experiments.algorithms import evaluate_policy  # sb3-contrib's masked one for a maskable model
 
 #: Seed offset of evaluation envs: different episodes from training, the same for every run with that seed.
@@ -70,15 +70,8 @@ class LinearSchedule:
         return progress_remaining * self.initial_value
 
 
-def _model_keys() -> frozenset[str]:
-    from stable_baselines3 import PPO
-
-    keys = set(inspect.signature(ScalablePPO.__init__).parameters) | set(inspect.signature(PPO.__init__).parameters)
-    return frozenset(keys - {"self", "env", "policy", "args", "kwargs", "_init_setup_model"})
-
-
 #: Constructor arguments of ScalablePPO (PPO's plus those ScalablePPO adds), without ``policy`` and ``env``.
-MODEL_KEYS = _model_keys()
+MODEL_KEYS = constructor_keys(ScalablePPO)
 
 
 #: characters that cannot be part of a file name on some system (``/`` nowhere; ``:`` on Windows, and in the
