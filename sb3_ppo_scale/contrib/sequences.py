@@ -28,8 +28,9 @@ sequences than ``grad_accum_steps`` runs in as many micro-batches as it has sequ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch as th
@@ -146,21 +147,30 @@ def gather_sequences(rollout: DeviceRollout, layout: PaddedLayout, device: th.de
     def take(tensor: th.Tensor | None) -> th.Tensor | None:
         return None if tensor is None else tensor.index_select(0, padded).to(device, non_blocking=True)
 
-    def state(name: str) -> th.Tensor:  # (n_seq, n_layers, hidden) -> (n_layers, n_seq, hidden)
-        return rollout.extras[name].index_select(0, starts).transpose(0, 1).contiguous().to(device, non_blocking=True)
-
-    obs = rollout.observations
-    observations = {k: pad(v) for k, v in obs.items()} if isinstance(obs, dict) else pad(obs)
-    fields = [pad(getattr(rollout, name)) for name in _PADDED_FIELDS]
-    states = RNNStates((state("hidden_states_pi"), state("cell_states_pi")),
-                       (state("hidden_states_vf"), state("cell_states_vf")))
     mask_on_device = mask.to(device, non_blocking=True)
-    samples_cls = RecurrentDictRolloutBufferSamples if isinstance(obs, dict) else RecurrentRolloutBufferSamples
-    samples = samples_cls(observations, *fields, states, pad(rollout.extras["episode_starts"]),  # type: ignore[arg-type]
-                          mask_on_device.float())
+    samples = _sequence_samples(rollout, pad, starts, device, mask_on_device.float())
     rows = th.from_numpy(layout.rows).to(device, non_blocking=True)
     return MicroBatch(samples, share, weights=take(rollout.weights), old_dist=take(rollout.old_dist),
                       mask=mask_on_device, rows=rows)
+
+
+def _sequence_samples(rollout: DeviceRollout, gather: Callable[[th.Tensor], th.Tensor], start_rows: th.Tensor,
+                      device: th.device, mask: th.Tensor) -> Any:
+    """contrib's ``Recurrent(Dict)RolloutBufferSamples`` of a micro-batch: observations, the sample fields and
+    ``episode_starts`` each through ``gather`` (rollout rows -> the layout's rows on ``device``), the LSTM states stored
+    at ``start_rows`` as ``(n_layers, n_seq, hidden)``, and contrib's float ``mask``."""
+
+    def state(name: str) -> th.Tensor:  # (n_seq, n_layers, hidden) -> (n_layers, n_seq, hidden)
+        return rollout.extras[name].index_select(0, start_rows).transpose(0, 1).contiguous().to(device,
+                                                                                                non_blocking=True)
+
+    obs = rollout.observations
+    observations = {k: gather(v) for k, v in obs.items()} if isinstance(obs, dict) else gather(obs)
+    fields = [gather(getattr(rollout, name)) for name in _PADDED_FIELDS]
+    states = RNNStates((state("hidden_states_pi"), state("cell_states_pi")),
+                       (state("hidden_states_vf"), state("cell_states_vf")))
+    samples_cls = RecurrentDictRolloutBufferSamples if isinstance(obs, dict) else RecurrentRolloutBufferSamples
+    return samples_cls(observations, *fields, states, gather(rollout.extras["episode_starts"]), mask)
 
 
 class SequenceLoader:
@@ -228,21 +238,8 @@ def gather_chunks(rollout: DeviceRollout, rows: th.Tensor, chunk: int, device: t
     def take(tensor: th.Tensor | None) -> th.Tensor | None:
         return None if tensor is None else tensor.index_select(0, rows).to(device, non_blocking=True)
 
-    first_steps = rows[::chunk]
-
-    def state(name: str) -> th.Tensor:  # (n_seq, n_layers, hidden) -> (n_layers, n_seq, hidden)
-        return rollout.extras[name].index_select(0, first_steps).transpose(0, 1).contiguous().to(device,
-                                                                                                 non_blocking=True)
-
-    obs = rollout.observations
-    observations = {k: take(v) for k, v in obs.items()} if isinstance(obs, dict) else take(obs)
-    fields = [take(getattr(rollout, name)) for name in _PADDED_FIELDS]
-    states = RNNStates((state("hidden_states_pi"), state("cell_states_pi")),
-                       (state("hidden_states_vf"), state("cell_states_vf")))
-    samples_cls = RecurrentDictRolloutBufferSamples if isinstance(obs, dict) else RecurrentRolloutBufferSamples
     every_row = th.ones(rows.shape[0], device=device)  # contrib's float mask field: no padding slot
-    samples = samples_cls(observations, *fields, states, take(rollout.extras["episode_starts"]),  # type: ignore[arg-type]
-                          every_row)
+    samples = _sequence_samples(rollout, take, rows[::chunk], device, every_row)  # type: ignore[arg-type]
     return MicroBatch(samples, share, weights=take(rollout.weights), old_dist=take(rollout.old_dist),
                       rows=rows.to(device, non_blocking=True))
 
