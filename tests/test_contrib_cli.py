@@ -16,6 +16,7 @@ import yaml
 from sb3_contrib import MaskablePPO
 
 import rl_zoo3
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO, cli
 from sb3_ppo_scale.experiments import algorithms, bench, zoo
 
@@ -61,6 +62,23 @@ def test_masking_envs_are_registered(env_id: str, dim: int, invalid: int) -> Non
     env = zoo.make_envs(config, seed=0)
     masks = np.array(env.env_method("action_masks"))
     assert env.num_envs == 4 and masks.shape == (4, dim) and (masks.sum(axis=1) == dim - invalid).all()
+
+
+@pytest.mark.parametrize("env_id,algo", [("InvalidActionEnvDiscrete-v0", "scalable_maskable_ppo"),
+                                         ("CartPoleNoVel-v1", "scalable_recurrent_ppo")])
+def test_contrib_envs_build_in_subprocess_workers(env_id: str, algo: str) -> None:
+    """The envs the contrib configs register exist in SubprocVecEnv's workers (fresh processes) too, and step as
+    in the main process."""
+    config = zoo.load_config(None, env_id, overrides={"n_envs": 2, "normalize": False}, algo=algo)
+    subproc = zoo.make_envs(config, seed=3, vec_env_cls=SubprocVecEnv)
+    dummy = zoo.make_envs(config, seed=3, vec_env_cls=DummyVecEnv)
+    try:
+        np.testing.assert_array_equal(subproc.reset(), dummy.reset())
+        actions = np.zeros(2, dtype=np.int64)
+        for got, expected in zip(subproc.step(actions)[:3], dummy.step(actions)[:3]):
+            np.testing.assert_array_equal(got, expected)
+    finally:
+        subproc.close()
 
 
 def test_taxi_entry_masks_from_info() -> None:

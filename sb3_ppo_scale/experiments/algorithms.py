@@ -24,18 +24,12 @@ from typing import Any
 
 import gymnasium as gym
 
+from sb3_ppo_scale.experiments.masking_envs import MASKING_ENVS
+
 #: the package's config files
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 #: what ``train`` runs without ``--algo``
 DEFAULT_ALGO = "scalable_ppo"
-#: Gymnasium id -> keyword arguments of sb3-contrib's InvalidActionEnvDiscrete registered under it (episodes of 100
-#: steps; each step ``n_invalid_actions`` of the ``dim`` actions are masked, never the correct one)
-MASKING_ENVS: dict[str, dict[str, int]] = {
-    "InvalidActionEnvDiscrete-v0": dict(dim=20, n_invalid_actions=10),  # sb3-contrib's test setting
-    "InvalidActionEnvDiscrete80-v0": dict(dim=80, n_invalid_actions=60),  # benchmarks/contrib_train.py's
-}
-
-
 @dataclass(frozen=True)
 class Algorithm:
     """One runnable algorithm.
@@ -117,21 +111,33 @@ def evaluate_policy(model: Any, env: Any, **kwargs: Any) -> Any:
     return plain(model, env, **kwargs)
 
 
-def _masking_env(render_mode: str | None = None, **kwargs: int) -> gym.Env:
-    """sb3-contrib's InvalidActionEnvDiscrete, built through ``gym.make`` (which passes SB3's ``render_mode``; the
-    env renders nothing)."""
-    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
-
-    return InvalidActionEnvDiscrete(**kwargs)
+#: module to import (Gymnasium's ``"module:EnvId"`` form) so that a fresh process knows an env :func:`register_envs`
+#: registers: the masking envs', and rl_zoo3's for its velocity-masked envs
+_MASKING_MODULE = "sb3_ppo_scale.experiments.masking_envs"
+_NOVEL_MODULE = "rl_zoo3.import_envs"
 
 
 def register_envs(env_id: str) -> None:
     """Make ``env_id`` known to Gymnasium when it is one of the contrib configs' envs: the masking envs of
     :data:`MASKING_ENVS`, and rl_zoo3's velocity-masked ``<Env>NoVel-v<k>`` (registered by importing
     ``rl_zoo3.import_envs``, a few seconds, so only when such an id is asked for)."""
-    if env_id in gym.registry:
-        return
+    module = _registering_module(env_id)
+    if module is not None and env_id not in gym.registry:
+        importlib.import_module(module)
+
+
+def importable_env_id(env_id: str) -> str:
+    """``env_id`` in the form ``gymnasium.make`` accepts in a process that has not registered it (a ``SubprocVecEnv``
+    worker): ``"module:EnvId"`` for the envs :func:`register_envs` registers, ``env_id`` itself for any other."""
+    module = _registering_module(env_id)
+    return env_id if module is None else f"{module}:{env_id}"
+
+
+def _registering_module(env_id: str) -> str | None:
+    if ":" in env_id:
+        return None
     if env_id in MASKING_ENVS:
-        gym.register(env_id, entry_point=_masking_env, kwargs=MASKING_ENVS[env_id])
-    elif "NoVel-v" in env_id:
-        importlib.import_module("rl_zoo3.import_envs")
+        return _MASKING_MODULE
+    if "NoVel-v" in env_id:
+        return _NOVEL_MODULE
+    return None

@@ -34,7 +34,7 @@ from stable_baselines3.common.vec_env import (
 from sb3_ppo_scale.core.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.envs.episodes import EpisodeState
-from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, register_envs
+from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, importable_env_id, register_envs
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
 #: ScalablePPO's config shipped with the package (``sb3_ppo_scale/experiments/configs/scalable_ppo.yml``); the other
@@ -441,7 +441,7 @@ def make_envs(
         if vec_env_cls is SubprocVecEnv:  # so that checkpoints keep the episodes in the worker processes
             wrappers.append((EpisodeState, {}))
         env = make_vec_env(
-            config.env_id,
+            importable_env_id(config.env_id) if vec_env_cls is SubprocVecEnv else config.env_id,  # workers import
             n_envs=n_envs,
             seed=seed,
             env_kwargs=config.env_kwargs,
