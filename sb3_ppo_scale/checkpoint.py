@@ -700,9 +700,6 @@ def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
     if not resume or not path.is_file():
         if resume:
             print(f"--resume: no {path}; starting a new run", file=sys.stderr)
-        elif path.is_file():
-            print(f"warning: {run_dir} holds a checkpoint; without --resume this run starts over and replaces it",
-                  file=sys.stderr)
         return None
     monitor = run_dir / "monitor"
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: rank 0 alone writes Monitor files

@@ -103,6 +103,36 @@ def test_failure_while_building_the_model_leaves_no_run_folder(tmp_path: Path,
     assert sorted(p.name for p in kept.iterdir()) == ["monitor", "notes"]  # a folder that existed stays
 
 
+def test_a_new_run_in_an_earlier_runs_folder_starts_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --resume, the earlier run's model, statistics, evaluations, checkpoint and surplus Monitor CSVs go, so
+    that evaluate reads this run's files (it had read the earlier run's normalisation)."""
+    run = tmp_path / "run"
+    common = ["train", "--env", "CartPole-v1", "--eval-episodes", "1", "--log-dir", str(run), "--no-progress",
+              "--threads", "1", "--device", "cpu"]
+    assert cli.main([*common, "--n-timesteps", "512", "--eval-freq", "256", "--checkpoint-every", "256",
+                     "--set", "normalize=True"]) == 0  # the entry's 8 envs
+    earlier = sorted(p.name for p in run.iterdir())
+    assert {"best_model.zip", "evaluations.npz", "vecnormalize.pkl", "checkpoint.pt"} <= set(earlier)
+    capsys.readouterr()
+    assert cli.main([*common, "--n-timesteps", "256", "--eval-freq", "0", "--set", "n_envs=6",
+                     "--set", "batch_size=64"]) == 0
+    err = capsys.readouterr().err
+    assert (f"warning: {run} held an earlier run; this run starts over and removed its model.zip, vecnormalize.pkl, "
+            "best_model.zip, evaluations.npz, final_eval.json, checkpoint.pt, monitor/6.monitor.csv, monitor/7.monitor.csv"
+            ) in err
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.yml", "final_eval.json", "model.zip",
+                                                     "monitor", "tensorboard"]  # this run's checkpoint, at its end
+    assert sorted(p.name for p in (run / "monitor").iterdir()) == [f"{i}.monitor.csv" for i in range(6)]
+    assert cli.main(["evaluate", "--log-dir", str(run), "--episodes", "1"]) == 0  # no stale statistics to apply
+
+
+def test_a_mistake_in_a_short_run_is_still_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The warning that a budget below --eval-freq runs no evaluation comes after the arguments are checked."""
+    line = _error(["train", "--env", "CartPole-v1", "--n-timesteps", "64", "--set", "batch_size=abc",
+                   "--log-dir", str(tmp_path / "run")], capsys)
+    assert "batch_size" in line
+
+
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="unknown env id 'Nope-v0'"):
         cli.main(["--debug", "train", "--env", "Nope-v0"])

@@ -18,6 +18,9 @@ is built (a run that fails before training leaves no folder behind):
 - ``checkpoint.pt``      the exact-resume checkpoint (``--checkpoint-every N``, SIGTERM/SIGINT, end of training;
                          ``--resume`` continues from it, see docs/checkpoints.md and sb3_ppo_scale.checkpoint)
 
+A new run (no ``--resume``, or no checkpoint to resume) in the folder of an earlier run removes that run's files
+above, except ``config.yml`` (rewritten) and ``tensorboard/`` (a subfolder per run), once its model is built.
+
 ``evaluate`` rebuilds the env from ``config.yml``, loads the model and statistics and reports the mean return.
 """
 
@@ -47,6 +50,9 @@ from sb3_ppo_scale.experiments.pipeline import (
     set_threads,
 )
 
+#: What a ``train`` run writes into its folder besides ``config.yml``, ``monitor/`` and ``tensorboard/``
+RUN_OUTPUTS = ("model.zip", "vecnormalize.pkl", "best_model.zip", "evaluations.npz", "final_eval.json",
+               checkpointing.CHECKPOINT_NAME)
 #: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
 FINAL_EVAL_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
 
@@ -119,15 +125,17 @@ def train(args: argparse.Namespace) -> int:
     n_timesteps = config.n_timesteps if args.n_timesteps is None else args.n_timesteps
     if n_timesteps < 1:
         raise ValueError(f"--n-timesteps must be >= 1, got {n_timesteps}")
-    if 0 < n_timesteps < args.eval_freq:
+    run_dir = Path(args.log_dir or Path("logs") / f"{path_part(config.entry)}_seed{args.seed}")
+    checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
+    resume_from = checkpointing.checkpoint_to_resume(run_dir, args.resume)
+    model, callback = _build_run(config, args, run_dir, n_timesteps, resume_from)
+    main = is_main_process()  # under torchrun every rank trains; rank 0 alone evaluates and writes the run folder
+    if main and resume_from is None:
+        _clear_earlier_run(run_dir, model.n_envs)
+    if main and 0 < n_timesteps < args.eval_freq:  # after the checks of the arguments, which are errors
         print(f"warning: --n-timesteps {n_timesteps} < --eval-freq {args.eval_freq}: no evaluation will run during "
               "training, so no best_model.zip or evaluations.npz (final_eval.json is still written); lower "
               "--eval-freq to evaluate", file=sys.stderr)
-    run_dir = Path(args.log_dir or Path("logs") / f"{path_part(config.entry)}_seed{args.seed}")
-    checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
-    model, callback = _build_run(config, args, run_dir, n_timesteps,
-                                 checkpointing.checkpoint_to_resume(run_dir, args.resume))
-    main = is_main_process()  # under torchrun every rank trains; rank 0 alone evaluates and writes the run folder
     try:
         checkpointing.learn_resumable(model, n_timesteps, checkpoint, callback=callback,
                                       tb_log_name=type(model).__name__,
@@ -185,6 +193,22 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
             shutil.rmtree(created, ignore_errors=True)
         raise
     return model, callback
+
+
+def _clear_earlier_run(run_dir: Path, n_envs: int) -> None:
+    """A new run in a folder that holds an earlier one starts over: the earlier run's model, statistics, evaluations,
+    checkpoint and Monitor CSVs go (``evaluate`` and ``--resume`` would read them as this run's), with one warning
+    line. ``config.yml`` is already this run's; the Monitor CSVs of this run's ``n_envs`` envs and ``tensorboard/``
+    (where each run gets a subfolder of its own) stay."""
+    current = {f"{index}.monitor.csv" for index in range(n_envs)}
+    stale = [run_dir / name for name in RUN_OUTPUTS if (run_dir / name).is_file()]
+    stale += sorted(path for path in (run_dir / "monitor").glob("*.monitor.csv") if path.name not in current)
+    if not stale:
+        return
+    print(f"warning: {run_dir} held an earlier run; this run starts over and removed its "
+          f"{', '.join(str(path.relative_to(run_dir)) for path in stale)}", file=sys.stderr, flush=True)
+    for path in stale:
+        path.unlink()
 
 
 def _first_missing(path: Path) -> Path | None:
