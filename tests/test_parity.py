@@ -63,3 +63,35 @@ def test_logger_keys_and_values_match_ppo() -> None:
     for key in ppo_keys:
         assert scalable.logger.seen[key] == ppo.logger.seen[key], key  # the same values, not just close ones
     assert scalable.logger.seen["train/n_grad_steps"] == 2 * 2 * (N_STEPS // 64)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "maskable", "recurrent"])
+def test_logged_training_values_equal_the_base_class_with_several_envs(algo: str) -> None:
+    """Every ``train/`` value at every update equals the base class's with 2 envs, where the rollout's order matters:
+    ``explained_variance`` is computed on the buffer in SB3's env-major order (``get()`` flattens it so)."""
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
+    from tests.helpers import HistoryLogger
+
+    base, ours, policy, make = {
+        "ppo": (PPO, ScalablePPO, "MlpPolicy", lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=0)),
+        "maskable": (MaskablePPO, ScalableMaskablePPO, "MlpPolicy",
+                     lambda: make_vec_env(InvalidActionEnvDiscrete, n_envs=2, seed=0,
+                                          env_kwargs=dict(dim=10, n_invalid_actions=4))),
+        "recurrent": (RecurrentPPO, ScalableRecurrentPPO, "MlpLstmPolicy",
+                      lambda: make_vec_env("CartPole-v1", n_envs=2, seed=0)),
+    }[algo]
+    history = []
+    for cls in (base, ours):
+        model = cls(policy, make(), n_steps=32, batch_size=32, n_epochs=2, seed=0, device="cpu")
+        model.set_logger(HistoryLogger())
+        model.learn(128)
+        history.append(model.logger.history)
+    reference = {key: values for key, values in history[0].items() if key.startswith("train/")}
+    assert "train/explained_variance" in reference
+    for key, values in reference.items():
+        assert history[1][key] == values, key

@@ -36,8 +36,8 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.contrib.lstm import LstmStep
-from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, direct, fusion_blocker
-from sb3_ppo_scale.core.lean_collect import to_host
+from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, PolicyParts, direct, fusion_blocker
+from sb3_ppo_scale.core.lean_collect import to_host, warn_if_parts_replaced
 from sb3_ppo_scale.core.lean_step import vec_env_step
 
 
@@ -114,6 +114,7 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
 
     callback.on_rollout_start()
     act = FusedRecurrentActorCritic(self.policy)  # type: ignore[arg-type]  # after on_rollout_start, as the lean loop
+    parts = PolicyParts(self.policy)
 
     step = vec_env_step(env)
     lstm_states = deepcopy(self._last_lstm_states)  # type: ignore[attr-defined]
@@ -159,6 +160,7 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
         self._last_episode_starts = dones
         self._last_lstm_states = lstm_states
 
+    warn_if_parts_replaced(self, parts)
     with th.no_grad():
         episode_starts = th.tensor(dones, dtype=th.float32, device=self.device)
         values = self.policy.predict_values(obs_as_tensor(new_obs, self.device), lstm_states.vf, episode_starts)  # type: ignore[arg-type, call-arg]

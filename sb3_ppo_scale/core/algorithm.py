@@ -46,6 +46,7 @@ from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluator, FusedEvaluator, evaluate_actions
 from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.guard import NonFiniteGuard
+from sb3_ppo_scale.core.inference import PolicyParts
 from sb3_ppo_scale.core.inference_graph import InferenceGraphs
 from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
@@ -325,11 +326,12 @@ class ScalableOnPolicyMixin:
         """How the policy evaluates a micro-batch: :attr:`_plain_evaluator` (default ``policy.evaluate_actions(obs,
         actions)``), or for a diagonal-Gaussian, categorical or masked categorical policy its operations without
         module dispatch (:class:`FusedEvaluator`). One object per policy, so that the CUDA graphs' key (which holds the
-        evaluator) stays the same across ``train()`` calls; ``compile_loss`` traces the policy's own
+        evaluator) stays the same across ``train()`` calls while the policy's modules and parameters are the same
+        objects; ``compile_loss`` traces the policy's own
         ``evaluate_actions``."""
         if self.compile_loss or FusedEvaluator.blocker(self.policy) is not None:
             return self._plain_evaluator
-        if self._fused_evaluator is None or self._fused_evaluator.policy is not self.policy:
+        if self._fused_evaluator is None or self._fused_evaluator.parts != PolicyParts(self.policy):  # a new head
             self._fused_evaluator = FusedEvaluator(self.policy, self._plain_evaluator)
         return self._fused_evaluator
 
@@ -446,7 +448,8 @@ class ScalableOnPolicyMixin:
         self._count_nonfinite(int(summary["nonfinite_skipped"]), int(summary["nonfinite_consecutive"]))
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "loss"):
             self.logger.record(f"train/{name}", summary[name])
-        values, returns = self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten()
+        values, returns = (env_major(self.rollout_buffer, array)
+                           for array in (self.rollout_buffer.values, self.rollout_buffer.returns))
         self.logger.record("train/explained_variance", explained_variance(values, returns))
         if "std" in summary:
             self.logger.record("train/std", summary["std"])
@@ -478,3 +481,10 @@ class ScalableOnPolicyMixin:
             self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]
         if isinstance(self.learning_rate, KLAdaptiveLR):
             self.learning_rate.adapt(measured_kl)
+
+
+def env_major(buffer: Any, array: np.ndarray) -> np.ndarray:
+    """A ``(n_steps, n_envs)`` rollout array flattened in the order SB3's ``train()`` sees it, after the buffer's
+    ``get()`` has swapped and flattened it in place (env after env): float32 sums such as ``explained_variance``'s
+    ``np.var`` round by that order. An array ``get()`` already flattened is flattened as it is."""
+    return array.flatten() if buffer.generator_ready else array.swapaxes(0, 1).flatten()

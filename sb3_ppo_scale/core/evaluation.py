@@ -169,7 +169,9 @@ class FusedEvaluator:
     def __init__(self, policy: ActorCriticPolicy, fallback: Evaluator = evaluate_actions) -> None:
         self.policy = policy
         self.fallback = fallback
-        self.network = FusedActorCritic(policy).network
+        fused = FusedActorCritic(policy)
+        self.parts = fused.parts  #: the policy's modules and parameters it reads
+        self.network = fused.network
         self.score = SCORERS[type(policy.action_dist)](policy)
 
     @staticmethod

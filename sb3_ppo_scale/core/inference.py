@@ -122,6 +122,23 @@ def _chain(module: th.nn.Module) -> Layer:
     return run
 
 
+class PolicyParts:
+    """A policy's module and parameter objects, in order, compared by identity. A fused step reads the objects it
+    was built from, so once a user replaces one (``policy.value_net = nn.Linear(...)``, a new ``log_std``
+    Parameter) the parts differ and the step must be built again; values changed in place need nothing."""
+
+    __slots__ = ("objects",)
+
+    def __init__(self, policy: th.nn.Module) -> None:
+        self.objects = (*policy.modules(), *policy.parameters())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PolicyParts) and len(self.objects) == len(other.objects) \
+            and all(mine is theirs for mine, theirs in zip(self.objects, other.objects))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 # ------------------------------------------------------------------------------------------------ samplers
 class ActionSampler:
     """Samples actions from the action net's output and scores them, as SB3's distribution would."""
@@ -132,7 +149,9 @@ class ActionSampler:
 
 
 class GaussianSampler(ActionSampler):
-    """``DiagGaussianDistribution``: ``Normal(mean, ones_like(mean) * exp(log_std))``, sample, summed log_prob."""
+    """``DiagGaussianDistribution``: ``Normal(mean, ones_like(mean) * exp(log_std))``, sample, summed log_prob. The
+    terms that depend on ``log_std`` only are computed again whenever its values change (a callback annealing the
+    exploration noise during a rollout), as SB3 computes them at every step."""
 
     def __init__(self, log_std: th.Tensor) -> None:
         self.log_std = log_std
@@ -140,6 +159,7 @@ class GaussianSampler(ActionSampler):
 
     def _prepare(self, mean: th.Tensor) -> None:
         """The scale and the log_prob terms that depend on parameters only, for ``len(mean)`` rows."""
+        self._log_std_seen = self.log_std.detach().clone()
         self.scale = th.ones_like(mean) * self.log_std.exp()
         self.neg_two_var = -(2 * self.scale**2)  # -(x / d) == x / -d exactly: the negation moves into the divisor
         self.log_scale = self.scale.log()
@@ -147,7 +167,7 @@ class GaussianSampler(ActionSampler):
         self._rows = mean.shape[0]
 
     def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        if mean_actions.shape[0] != self._rows:
+        if mean_actions.shape[0] != self._rows or not th.equal(self.log_std, self._log_std_seen):
             self._prepare(mean_actions)
         return self.from_noise(self.noise.normal_(0, 1), mean_actions)  # th.normal's draws, into a reused tensor
 
@@ -276,6 +296,7 @@ class FusedActorCritic:
 
     def __init__(self, policy: ActorCriticPolicy | MaskableActorCriticPolicy) -> None:
         self.policy = policy
+        self.parts = PolicyParts(policy)  #: the objects this step reads
         self.action_shape = policy.action_space.shape
         self.actor = _chain(policy.mlp_extractor.policy_net)
         self.critic = _chain(policy.mlp_extractor.value_net)

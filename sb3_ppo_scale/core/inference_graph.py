@@ -18,9 +18,10 @@ The network draws no random numbers (the policy is in eval mode during collectio
 order the eager step makes them. The outputs are copied out of the graph's buffers, so a callback that keeps a
 step's tensors sees them unchanged by the next replay.
 
-A capture bakes in the storage of the policy's parameters and buffers and the observation batch's shapes and
-dtypes (:func:`storages`, :func:`_layout`): the graph is reused across rollouts while those stay the same (an optimizer updates
-parameters in place) and captured again otherwise. A capture that fails (an op that cannot be captured) is reported
+A capture bakes in the policy's modules, the storage of its parameters and buffers and the observation batch's
+shapes and dtypes (:class:`~sb3_ppo_scale.core.inference.PolicyParts`, :func:`storages`, :func:`_layout`): the graph
+is reused across rollouts while those stay the same (an optimizer updates parameters in place) and captured again
+otherwise. A capture that fails (an op that cannot be captured) is reported
 once and the model goes on with the eager step.
 """
 
@@ -156,13 +157,14 @@ class InferenceGraphs:
         policy_storages = storages(fused.policy)
 
         def act(obs: Observation, action_masks: Any = None) -> Outputs:
-            step = self._step_for(fused, (policy_storages, _layout(obs)), obs)
+            step = self._step_for(fused, (fused.parts, policy_storages, _layout(obs)), obs)
             return fused(obs, action_masks) if step is None else step(obs, action_masks)
 
         return act
 
     def _step_for(self, fused: FusedActorCritic, key: tuple, obs: Observation) -> GraphedStep | None:
-        """The captured step for ``key`` (the policy's :func:`storages`, the observation layout): the kept one, or a new capture; None after a failure."""
+        """The captured step for ``key`` (the policy's module and parameter objects, their :func:`storages`, the
+        observation layout): the kept one, or a new capture; None after a failure."""
         if self.failure is not None:
             return None
         if key == self.key:

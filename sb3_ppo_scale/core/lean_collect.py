@@ -26,11 +26,14 @@ from the env before the policy call, the policy samples from the masked distribu
 (``MaskableRolloutBuffer.add``); without it, MaskablePPO's ``use_masking=False``.
 
 :func:`lean_blocker` says when the lean loop cannot promise SB3's numbers (a custom policy class or forward, module
-hooks); the model then runs SB3's loop and logs why once.
+hooks); the model then runs SB3's loop and logs why once. The step is built from the policy's modules after
+``on_rollout_start``; parameter values changed in place during a rollout are read at every step, a module or parameter
+object replaced by a callback during a rollout is not (a warning says so at the rollout's end).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -45,7 +48,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_scale.core.inference import fusion_blocker
+from sb3_ppo_scale.core.inference import PolicyParts, fusion_blocker
 from sb3_ppo_scale.core.inference_graph import collection_step
 from sb3_ppo_scale.core.lean_step import clip, vec_env_step
 
@@ -102,6 +105,16 @@ def _store(buffer: RolloutBuffer, obs: np.ndarray, actions: np.ndarray, rewards:
         buffer.full = True
 
 
+def warn_if_parts_replaced(model: OnPolicyAlgorithm, parts: PolicyParts) -> None:
+    """Warn when the policy's modules or parameters are no longer the objects ``parts`` holds, those the lean loop
+    built its step from at the rollout's start: a callback replaced one during the rollout."""
+    if PolicyParts(model.policy) != parts:
+        warnings.warn(f"{type(model).__name__}: a callback replaced a module or parameter of the policy during a "
+                      "rollout; the lean loop collected that rollout with the ones it started with, where SB3's loop "
+                      "uses the new ones from the next step. Replace them in on_rollout_start or between learn() "
+                      "calls (values changed in place are always seen)", stacklevel=3)
+
+
 def bootstrap_time_limits(model: OnPolicyAlgorithm, rewards: np.ndarray, dones: np.ndarray, infos: list) -> None:
     """SB3's timeout handling: add ``gamma * V(terminal observation)`` to a truncated episode's last reward, one env
     at a time as SB3 does, visiting only the envs whose episode ended (SB3 tests ``done`` first)."""
@@ -132,6 +145,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
 
     callback.on_rollout_start()
     act = collection_step(self)  # after on_rollout_start: a callback may have changed the parameters
+    parts = PolicyParts(self.policy)
     step = vec_env_step(env)
     in_place = _writes_in_place(rollout_buffer)
     box = isinstance(self.action_space, spaces.Box)
@@ -184,6 +198,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         self._last_obs = new_obs  # type: ignore[assignment]
         self._last_episode_starts = dones
 
+    warn_if_parts_replaced(self, parts)
     with th.no_grad():
         values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
 
