@@ -156,10 +156,11 @@ class GaussianSampler(ActionSampler):
     def __init__(self, log_std: th.Tensor) -> None:
         self.log_std = log_std
         self._rows = -1
+        self._log_std_seen: th.Tensor | None = None
 
     def _prepare(self, mean: th.Tensor) -> None:
         """The scale and the log_prob terms that depend on parameters only, for ``len(mean)`` rows."""
-        self._log_std_seen = self.log_std.detach().clone()
+        self._log_std_seen = self.log_std.detach().clone() if self.log_std.device.type == "cpu" else None
         self.scale = th.ones_like(mean) * self.log_std.exp()
         self.neg_two_var = -(2 * self.scale**2)  # -(x / d) == x / -d exactly: the negation moves into the divisor
         self.log_scale = self.scale.log()
@@ -167,9 +168,16 @@ class GaussianSampler(ActionSampler):
         self._rows = mean.shape[0]
 
     def __call__(self, mean_actions: th.Tensor, latent_pi: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        if mean_actions.shape[0] != self._rows or not th.equal(self.log_std, self._log_std_seen):
+        if self._stale(mean_actions):
             self._prepare(mean_actions)
         return self.from_noise(self.noise.normal_(0, 1), mean_actions)  # th.normal's draws, into a reused tensor
+
+    def _stale(self, mean_actions: th.Tensor) -> bool:
+        """Whether the prepared terms are not those of ``mean_actions``' row count and ``log_std``'s values now. On a
+        GPU they are always computed again: comparing would wait for the GPU at every step, computing does not."""
+        if mean_actions.shape[0] != self._rows or self._log_std_seen is None:
+            return True
+        return not th.equal(self.log_std, self._log_std_seen)
 
     def from_noise(self, noise: th.Tensor, mean_actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """(actions, log_prob) from ``noise``, standard-normal draws shaped like ``mean_actions`` (left as they are:
