@@ -61,6 +61,7 @@ from stable_baselines3.common.logger import (
 )
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
 
+from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes
 
 #: Format version of the checkpoint dict (a checkpoint of another version is refused with a clear error).
@@ -505,8 +506,7 @@ class ResumableCheckpoint(BaseCallback):
     def __init__(self, path: str | Path, every_steps: int | None = None,
                  signals: Sequence[signal.Signals] = DEFAULT_SIGNALS, verbose: int = 0) -> None:
         super().__init__(verbose)
-        if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
-                                        or every_steps < 1):
+        if every_steps is not None and (not is_int(every_steps) or every_steps < 1):
             raise ValueError(f"every_steps must be None or an int >= 1, got {every_steps!r}")
         self.path, self.every_steps, self.signals = Path(path), every_steps, tuple(signals)
         self.preempted = False  #: True once a signal stopped training (the checkpoint is written)

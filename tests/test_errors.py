@@ -60,13 +60,26 @@ def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
         (dict(ent_coef=float("nan")), r"ent_coef must be a finite number, got nan"),
         (dict(max_grad_norm=-1), r"max_grad_norm must be a number > 0 \(math.inf: no clipping\), got -1"),
         (dict(target_kl=0), r"target_kl must be None or a number > 0, got 0"),
-        (dict(learning_rate=-3e-4), r"learning_rate must be a number > 0, a schedule .*, got -0.0003"),
-        (dict(learning_rate=True), r"learning_rate must be a number > 0, a schedule .*, got True"),
+        (dict(learning_rate=-3e-4), r"learning_rate must be a finite number > 0, a schedule .*, got -0.0003"),
+        (dict(learning_rate=True), r"learning_rate must be a finite number > 0, a schedule .*, got True"),
+        (dict(learning_rate=math.inf), r"learning_rate must be a finite number > 0, a schedule .*, got inf"),
+        (dict(learning_rate=lambda progress: progress - 1), r"learning_rate must be a finite number > 0, a schedule "
+                                                           r"\(callable of the progress remaining\) whose value at the "
+                                                           r"start \(progress_remaining=1\) is one"),
     ],
 )
 def test_ppo_arguments_that_cannot_train_raise_value_error(kwargs, pattern) -> None:
     with pytest.raises(ValueError, match=pattern):
         build(**kwargs)
+
+
+def test_batching_arguments_accept_numpy_integers_as_ppo_does() -> None:
+    """PPO takes a NumPy integer batch_size (Optuna and sweep scripts pass them, and saved models keep them)."""
+    model = build(n_steps=np.int64(32), batch_size=np.int64(32), grad_accum_steps=np.int32(2), n_epochs=np.int64(1))
+    model.learn(64)
+    assert model._n_grad_steps == 2
+    with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got np.True_|batch_size must be an int"):
+        build(batch_size=np.bool_(True))
 
 
 def test_ppo_arguments_accept_numpy_scalars_inf_and_schedules() -> None:

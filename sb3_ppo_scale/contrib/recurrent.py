@@ -33,6 +33,7 @@ from sb3_ppo_scale.contrib.recurrent_collect import collect_rollouts_recurrent_l
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.collect import resolve_collect_device
+from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator
 from sb3_ppo_scale.core.rollout import DeviceRollout, flat_field
@@ -220,7 +221,7 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
         """ValueError naming ``sequence_length`` unless it is an int >= 1 dividing ``n_steps`` and ``batch_size``
         with at least ``grad_accum_steps`` chunks per minibatch."""
         length = self.sequence_length
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        if not is_int(length) or length < 1:
             raise ValueError(f"sequence_length must be None or an int >= 1, got {length!r}")
         if self.n_steps % length or self.batch_size % length:
             raise ValueError(f"sequence_length={length} must divide n_steps={self.n_steps} and "

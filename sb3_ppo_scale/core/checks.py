@@ -15,8 +15,9 @@ import numpy as np
 import torch as th
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_int(value: object) -> bool:
+    """An integer (a Python int or a NumPy integer scalar, as PPO takes them) that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def is_number(value: object) -> bool:
@@ -26,14 +27,14 @@ def is_number(value: object) -> bool:
 
 def check_batching(batch_size: object, grad_accum_steps: object, normalize_advantage: bool) -> None:
     """``batch_size`` and ``grad_accum_steps`` are positive ints, accumulation no finer than one sample."""
-    if not _is_int(batch_size) or batch_size < 1:  # type: ignore[operator]
+    if not is_int(batch_size) or batch_size < 1:  # type: ignore[operator]
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if normalize_advantage and batch_size < 2:  # type: ignore[operator]
         raise ValueError(
             f"batch_size must be >= 2 when normalize_advantage=True (advantages are normalised per minibatch), "
             f"got {batch_size!r}; pass normalize_advantage=False to train on single samples"
         )
-    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:  # type: ignore[operator]
+    if not is_int(grad_accum_steps) or grad_accum_steps < 1:  # type: ignore[operator]
         raise ValueError(f"grad_accum_steps must be an int >= 1, got {grad_accum_steps!r}")
     if grad_accum_steps > batch_size:  # type: ignore[operator]
         raise ValueError(
@@ -54,8 +55,8 @@ def _positive_at_start(schedule: object) -> bool:
 #: name -> (what is allowed, the test). ``clip_range_vf`` SB3 checks itself, ``learning_rate``
 #: :func:`~sb3_ppo_scale.core.lr.resolve_learning_rate`.
 PPO_ARGUMENTS = {
-    "n_steps": ("an int >= 1", lambda v: isinstance(v, numbers.Integral) and is_number(v) and v >= 1),
-    "n_epochs": ("an int >= 1", lambda v: isinstance(v, numbers.Integral) and is_number(v) and v >= 1),
+    "n_steps": ("an int >= 1", lambda v: is_int(v) and v >= 1),
+    "n_epochs": ("an int >= 1", lambda v: is_int(v) and v >= 1),
     "gamma": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
     "gae_lambda": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
     "clip_range": ("a number > 0 or a schedule whose value at the start (progress_remaining=1) is > 0",

@@ -14,6 +14,9 @@ Large-batch PPO (thousands of envs, few epochs) uses it to take steps as large a
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from sb3_ppo_scale.core.checks import is_number
 
 #: the string ``ScalablePPO(learning_rate=...)`` accepts for :class:`KLAdaptiveLR` with its defaults
@@ -37,6 +40,10 @@ class KLAdaptiveLR:
                 raise ValueError(f"KLAdaptiveLR {name} must be a number > 0, got {value!r}")
         if not is_number(factor) or factor <= 1:
             raise ValueError(f"KLAdaptiveLR factor must be a number > 1, got {factor!r}")
+        if initial == math.inf:
+            raise ValueError(f"KLAdaptiveLR initial must be finite, got {initial!r}")
+        if min_lr > max_lr:
+            raise ValueError(f"KLAdaptiveLR min_lr must be <= max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
         if not min_lr <= initial <= max_lr:
             raise ValueError(f"KLAdaptiveLR initial must lie in [min_lr, max_lr] = [{min_lr:g}, {max_lr:g}], got {initial!r}")
         self.value, self.target_kl, self.factor = float(initial), float(target_kl), float(factor)
@@ -65,7 +72,17 @@ def resolve_learning_rate(learning_rate: object) -> object:
     anything else is a ValueError naming what is allowed."""
     if isinstance(learning_rate, str) and learning_rate == KL_ADAPTIVE:
         return KLAdaptiveLR()
-    if not (callable(learning_rate) or (is_number(learning_rate) and learning_rate > 0)):  # a str is neither
-        raise ValueError(f"learning_rate must be a number > 0, a schedule (callable of the progress remaining), a "
-                         f"KLAdaptiveLR or {KL_ADAPTIVE!r}, got {learning_rate!r}")
+    usable = _positive_finite_at_start(learning_rate) if callable(learning_rate) \
+        else is_number(learning_rate) and 0 < learning_rate < math.inf  # type: ignore[operator]  # a str is neither
+    if not usable:
+        raise ValueError(f"learning_rate must be a finite number > 0, a schedule (callable of the progress remaining) "
+                         f"whose value at the start (progress_remaining=1) is one, a KLAdaptiveLR or {KL_ADAPTIVE!r}, "
+                         f"got {learning_rate!r}")
     return learning_rate
+
+
+def _positive_finite_at_start(schedule: Any) -> bool:
+    """A learning-rate schedule's value at the start of training is a finite number > 0 (SB3 calls it at 1 to build
+    the optimizer; a KLAdaptiveLR gives its initial rate)."""
+    value = schedule(1.0)
+    return is_number(value) and 0 < value < math.inf
