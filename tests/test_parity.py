@@ -95,3 +95,20 @@ def test_logged_training_values_equal_the_base_class_with_several_envs(algo: str
     assert "train/explained_variance" in reference
     for key, values in reference.items():
         assert history[1][key] == values, key
+
+
+def test_early_stopping_messages_equal_ppos(capsys: pytest.CaptureFixture[str]) -> None:
+    """With verbose=1 each early stop prints PPO's line: the epoch it stopped in and the KL."""
+    from stable_baselines3 import PPO
+
+    from sb3_ppo_scale import ScalablePPO
+
+    printed = []
+    for cls in (PPO, ScalablePPO):
+        model = cls("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=8, target_kl=0.003,
+                    learning_rate=3e-3, seed=0, device="cpu", verbose=1)
+        capsys.readouterr()
+        model.learn(6 * 64)
+        printed.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("Early stopping")])
+    assert len(printed[0]) >= 2 and len({line.split(" due")[0] for line in printed[0]}) >= 2  # several epochs
+    assert printed[1] == printed[0]

@@ -420,7 +420,7 @@ class ScalableOnPolicyMixin:
                 if not stepped:
                     self._n_updates += 1
                     if self.verbose >= 1:
-                        print(f"Early stopping at step {self._n_updates - 1} due to reaching max kl: {stats.last_kl():.2f}")
+                        print(f"Early stopping at step {epoch} due to reaching max kl: {stats.last_kl():.2f}")  # PPO's words
                     return stats
                 self._n_grad_steps += 1
             self._n_updates += 1
