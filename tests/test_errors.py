@@ -181,3 +181,11 @@ def test_every_added_argument_reaches_the_config() -> None:
                   collect_device="cpu", overlap_collection=True)
     assert set(chosen) == set(ScaleConfig.__dataclass_fields__)
     assert ScaleConfig.of(build(**chosen)) == ScaleConfig(**chosen)
+
+
+def test_overlap_collection_without_envpool_says_why_it_is_not_used() -> None:
+    model = build(overlap_collection=True, n_steps=32, batch_size=32)
+    with pytest.warns(UserWarning, match=r"overlap_collection=True: collecting without overlap, because the env is a "
+                                         r"DummyVecEnv, not an EnvPool VecEnv"):
+        model.learn(32)
+    assert model.num_timesteps == 32

@@ -55,7 +55,7 @@ from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, p
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
 from sb3_ppo_scale.core.sampling import Loader, MicroBatch, MinibatchLoader
 from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
-from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
+from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_blocker
 
 
 def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
@@ -272,8 +272,11 @@ class ScalableOnPolicyMixin:
     def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
         """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.lean_collect`), the double-buffered EnvPool
         one with ``overlap_collection``, or the algorithm's own where the lean loop cannot promise its numbers."""
-        if self.overlap_collection and overlap_supported(self, env):
-            return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+        if self.overlap_collection:
+            blocker = overlap_blocker(self, env)
+            if blocker is None:
+                return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
+            warnings.warn(f"overlap_collection=True: collecting without overlap, because {blocker}", stacklevel=3)
         if self._collects_lean():
             return self._collect_lean(env, callback, rollout_buffer, n_rollout_steps)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)

@@ -77,13 +77,21 @@ def _unwrap(env: VecEnv) -> tuple[EnvPoolVecEnv | None, VecNormalize | None]:
 
 def overlap_supported(model: OnPolicyAlgorithm, env: VecEnv) -> bool:
     """True when :func:`collect_rollouts_overlapped` can collect for ``model`` on ``env``."""
+    return overlap_blocker(model, env) is None
+
+
+def overlap_blocker(model: OnPolicyAlgorithm, env: VecEnv) -> str | None:
+    """Why :func:`collect_rollouts_overlapped` cannot collect for ``model`` on ``env``, or None when it can."""
     pool_env, _ = _unwrap(env)
-    return (
-        pool_env is not None
-        and env.num_envs >= 2
-        and not model.use_sde
-        and not isinstance(env.observation_space, spaces.Dict)
-    )
+    if pool_env is None:
+        return f"the env is a {type(env).__name__}, not an EnvPool VecEnv (make_envpool_vec_env)"
+    if env.num_envs < 2:
+        return "it needs at least 2 envs (two halves)"
+    if model.use_sde:
+        return "gSDE (use_sde=True) samples its noise for all envs at once"
+    if isinstance(env.observation_space, spaces.Dict):
+        return "Dict observations are not supported"
+    return None
 
 
 def _act(model: OnPolicyAlgorithm, obs: np.ndarray) -> _Act:
