@@ -79,6 +79,8 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         ({"evaluation": {"objective": "max"}}, r"objective must be one of \('auc', 'final'\)"),
         ({"base": {"n_steps": 16, "n_envs": 2}}, "batch_size reaches 128 but a rollout holds"),
         ({"base": {"n_steps": 64, "learning_rat": 1e-3}}, r"spec.base: unknown key\(s\) \['learning_rat'\]"),
+        ({"base": {"n_steps": 64, "policy": "MlpLstmPolicy"}}, r"spec.base.policy must be one of \('MlpPolicy', "
+                                                                r"'CnnPolicy', 'MultiInputPolicy'\), got 'MlpLstmPolicy'"),
     ],
 )
 def test_bad_spec_is_a_value_error(tmp_path: Path, change: dict[str, Any], message: str) -> None:

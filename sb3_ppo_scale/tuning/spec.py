@@ -45,6 +45,7 @@ from typing import Any
 
 import yaml
 
+from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
 from sb3_ppo_scale.experiments.zoo import check_env_id
@@ -287,6 +288,9 @@ def _check_base(raw: Any) -> dict[str, Any]:
     base = dict(_mapping(raw, "spec.base"))
     _check_keys(base, PPO_ARGS | EXTRA_BASE_KEYS, "spec.base")
     base.setdefault("policy", "MlpPolicy")
+    if base["policy"] not in ScalablePPO.policy_aliases:
+        raise ValueError(f"spec.base.policy must be one of {tuple(ScalablePPO.policy_aliases)}, got {base['policy']!r}: "
+                         "a study trains ScalablePPO (sb3-contrib's LSTM and masking classes are not tuned)")
     _positive_int(base.get("n_envs", 1), "spec.base.n_envs")
     if not isinstance(base.get("normalize", False), bool):
         raise ValueError(f"spec.base.normalize must be true or false, got {base['normalize']!r}")
