@@ -69,6 +69,16 @@ def test_typo_in_env_id_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
         (["--set", "clip_range=lin_-0.2"], "clip_range: 'lin_<number>' decays from the number to 0, so the number "
                                            "must be > 0, got 'lin_-0.2'"),
         (["--set", "policy_kwargs=dict(net_arch=[64, 0])"], "policy_kwargs['net_arch'] layer sizes must be ints >= 1"),
+        (["--set", "seed=5"], "'seed' in entry 'CartPole-v1' of "),
+        (["--set", "device=cuda"], "each run sets it; use --device"),
+        (["--set", "tensorboard_log=tb"], "use --log-dir (TensorBoard logs go to <log-dir>/tensorboard)"),
+        (["--set", "n_timesteps=abc"], "n_timesteps in entry 'CartPole-v1' must be a number >= 1, got 'abc'"),
+        (["--set", "n_timesteps=-5"], "n_timesteps in entry 'CartPole-v1' must be a number >= 1, got -5"),
+        (["--set", "env_kwargs=5"], "env_kwargs must be a mapping or a dict(...) string, got 5"),
+        (["--set", "rollout_buffer_class=str"], "rollout_buffer_class 'str' must be the class path of a RolloutBuffer"),
+        (["--set", "rollout_buffer_class=sb3_ppo_scale.Nope"], "rollout_buffer_class 'sb3_ppo_scale.Nope' must be"),
+        (["--set", "target_kl=None", "--set", "n_envs=None"], "n_envs in entry 'CartPole-v1' must be a positive "
+                                                              "integer, got None"),
     ],
 )
 def test_train_mistakes_are_one_line_errors(argv: list[str], message: str, tmp_path: Path,

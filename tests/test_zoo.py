@@ -230,6 +230,24 @@ def test_overrides_and_normalize_and_wrappers() -> None:
     assert infos[0]["TimeLimit.truncated"]
 
 
+def test_overrides_name_none_buffer_classes_and_env_kwargs_strings() -> None:
+    """``--set key=None`` is None; ``rollout_buffer_class`` is imported from its class path; ``env_kwargs`` takes a
+    ``dict(...)`` string as ``policy_kwargs`` does; ``n_timesteps`` takes ``1e4``-style strings."""
+    from sb3_ppo_scale import PrioritizedRolloutBuffer
+
+    overrides = zoo.parse_overrides(["target_kl=None", "rollout_buffer_class=sb3_ppo_scale.PrioritizedRolloutBuffer",
+                                     "env_kwargs=dict(max_episode_steps=50)", "n_timesteps=2e3", "n_envs=2",
+                                     "batch_size=64"])
+    assert overrides["target_kl"] is None
+    config = zoo.load_config(None, "CartPole-v1", None, overrides)
+    assert config.model_kwargs["rollout_buffer_class"] is PrioritizedRolloutBuffer and config.n_timesteps == 2000
+    assert config.env_kwargs == {"max_episode_steps": 50}
+    env = zoo.make_envs(config, seed=0)
+    assert env.get_attr("spec")[0].max_episode_steps == 50
+    model = zoo.build_model(config, env, seed=0, device="cpu")
+    assert isinstance(model.rollout_buffer, PrioritizedRolloutBuffer) and model.target_kl is None
+
+
 def test_bad_env_values_raise() -> None:
     with pytest.raises(ValueError, match="n_envs"):
         zoo.load_config(None, "CartPole-v1", None, {"n_envs": 0})

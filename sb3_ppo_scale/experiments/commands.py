@@ -122,9 +122,9 @@ def train(args: argparse.Namespace) -> int:
     if args.vec_env is not None:
         overrides["vec_env"] = args.vec_env
     config = zoo.load_config(args.config, args.env, args.variant, overrides, algo=args.algo)
+    if args.n_timesteps is not None and args.n_timesteps < 1:  # the entry's own is checked with the entry
+        raise ValueError(f"--n-timesteps must be >= 1, got {args.n_timesteps}")
     n_timesteps = config.n_timesteps if args.n_timesteps is None else args.n_timesteps
-    if n_timesteps < 1:
-        raise ValueError(f"--n-timesteps must be >= 1, got {n_timesteps}")
     run_dir = Path(args.log_dir or Path("logs") / f"{path_part(config.entry)}_seed{args.seed}")
     checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
     resume_from = checkpointing.checkpoint_to_resume(run_dir, args.resume)

@@ -45,10 +45,17 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "scalable_ppo.yml
 ENV_KEYS = frozenset(
     {"n_timesteps", "n_envs", "normalize", "env_wrapper", "frame_stack", "env_kwargs", "policy", "vec_env"}
 )
+#: Constructor arguments that each run sets from its own options (``train``, ``bench``), so an entry may not:
+#: argument -> what sets it.
+RUN_KEYS = {"seed": "--seed", "device": "--device", "verbose": "--verbose",
+            "tensorboard_log": "--log-dir (TensorBoard logs go to <log-dir>/tensorboard)"}
 #: Hyperparameters that are schedules: a number or ``lin_<initial value>``.
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 #: Module prefixes an ``env_wrapper`` class may be imported from.
 WRAPPER_MODULES = ("stable_baselines3.", "sb3_contrib.", "gymnasium.wrappers", "rl_zoo3.wrappers", "sb3_ppo_scale.")
+
+#: Module prefixes a ``rollout_buffer_class`` may be imported from.
+BUFFER_MODULES = ("stable_baselines3.", "sb3_contrib.", "sb3_ppo_scale.")
 
 _OPTIMIZERS = ("Adam", "AdamW", "RMSprop", "SGD", "Adamax")
 
@@ -253,13 +260,16 @@ def check_env_id(env_id: str) -> None:
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
-    """``["key=value", ...]`` -> dict; values are read as YAML scalars (``1e-3`` and ``lin_3e-4`` work)."""
+    """``["key=value", ...]`` -> dict; values are read as YAML scalars (``1e-3`` and ``lin_3e-4`` work; ``None`` as
+    well as ``null`` is None)."""
     overrides: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set expects key=value, got {pair!r}")
         value = yaml.safe_load(text) if text.strip() else ""
+        if value == "None":  # Python's spelling of YAML's null
+            value = None
         if isinstance(value, str):
             try:
                 value = float(value) if any(c in value for c in ".eE") else int(value)
@@ -290,6 +300,9 @@ def load_config(
         raise
     raw = copy.deepcopy(entries[name])
     raw.update(overrides or {})
+    for key, flag in RUN_KEYS.items():
+        if key in raw:
+            raise ValueError(f"{key!r} in entry {name!r} of {path}: each run sets it; use {flag}")
     return config_from_hyperparams(env_id, name, raw, source=str(path), algo=algo)
 
 
@@ -303,17 +316,40 @@ def config_from_hyperparams(env_id: str, entry: str, raw: dict[str, Any], source
     return ZooConfig(
         env_id=env_id,
         entry=entry,
-        n_timesteps=int(float(raw["n_timesteps"])),
+        n_timesteps=_budget(raw["n_timesteps"], entry),
         policy=str(raw["policy"]),
         n_envs=_positive_int(raw.get("n_envs", 1), "n_envs", entry),
         normalize=parse_normalize(raw.get("normalize", False), raw.get("gamma")),
         env_wrappers=resolve_wrappers(raw.get("env_wrapper")),
         frame_stack=None if raw.get("frame_stack") is None else _positive_int(raw["frame_stack"], "frame_stack", entry),
-        env_kwargs=dict(raw.get("env_kwargs") or {}),
+        env_kwargs=_mapping_argument(raw.get("env_kwargs"), "env_kwargs"),
         model_kwargs=parse_model_kwargs({k: v for k, v in raw.items() if k not in ENV_KEYS}),
         hyperparams=raw,
         vec_env=_vec_env_kind(raw.get("vec_env", "dummy"), entry),
     )
+
+
+def _budget(value: Any, entry: str) -> int:
+    """``n_timesteps``: a number >= 1 (``1e6`` and ``1000000`` alike), as an int."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
+        raise ValueError(f"n_timesteps in entry {entry!r} must be a number >= 1, got {value!r}")
+    return int(value)
+
+
+def _mapping_argument(value: Any, key: str) -> dict[str, Any]:
+    """A mapping, or a ``dict(...)`` string of one (:func:`parse_literal`), or None (empty)."""
+    if isinstance(value, str):
+        value = parse_literal(value)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a mapping or a dict(...) string, got {value!r}")
+    return dict(value)
 
 
 def _vec_env_kind(value: Any, entry: str) -> str:
@@ -340,16 +376,17 @@ def _positive_int(value: Any, key: str, entry: str) -> int:
 
 def parse_model_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
     """Constructor arguments: schedules parsed, ``policy_kwargs`` / ``rollout_buffer_kwargs`` strings parsed safely,
-    an ``activation_fn`` given by name (``tanh``, see :data:`ACTIVATIONS`) replaced by its class."""
+    a ``rollout_buffer_class`` given by class path imported (:func:`import_buffer_class`), an ``activation_fn`` given
+    by name (``tanh``, see :data:`ACTIVATIONS`) replaced by its class."""
     kwargs = dict(raw)
     for key in SCHEDULE_KEYS:
         if key in kwargs and kwargs[key] is not None:
             kwargs[key] = parse_schedule(kwargs[key], key)
     for key in ("policy_kwargs", "rollout_buffer_kwargs"):
-        if isinstance(kwargs.get(key), str):
-            kwargs[key] = parse_literal(kwargs[key])
-        if key in kwargs and not isinstance(kwargs[key], dict):
-            raise ValueError(f"{key} must be a mapping or a dict(...) string, got {kwargs[key]!r}")
+        if key in kwargs and kwargs[key] is not None:
+            kwargs[key] = _mapping_argument(kwargs[key], key)
+    if isinstance(kwargs.get("rollout_buffer_class"), str):
+        kwargs["rollout_buffer_class"] = import_buffer_class(kwargs["rollout_buffer_class"])
     if isinstance(kwargs.get("policy_kwargs", {}).get("activation_fn"), str):
         kwargs["policy_kwargs"] = {**kwargs["policy_kwargs"],
                                    "activation_fn": activation(kwargs["policy_kwargs"]["activation_fn"])}
@@ -400,6 +437,24 @@ def import_wrapper(name: str) -> type:
     cls = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, gym.Wrapper)):
         raise ValueError(f"env_wrapper {name!r} is not a gymnasium.Wrapper class")
+    return cls
+
+
+def import_buffer_class(name: str) -> type:
+    """A rollout buffer class by dotted path (``sb3_ppo_scale.PrioritizedRolloutBuffer``), only from
+    :data:`BUFFER_MODULES`, and only a subclass of SB3's ``RolloutBuffer``."""
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    module_name, _, class_name = name.rpartition(".")
+    cls = None
+    if module_name and name.startswith(BUFFER_MODULES):
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name, None)
+        except ImportError:
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, RolloutBuffer)):
+        raise ValueError(f"rollout_buffer_class {name!r} must be the class path of a RolloutBuffer subclass under one "
+                         f"of {BUFFER_MODULES}, e.g. 'sb3_ppo_scale.PrioritizedRolloutBuffer'")
     return cls
 
 
