@@ -249,6 +249,9 @@ def test_save_and_load_keep_the_model_and_its_arguments(tmp_path) -> None:
     (dict(overlap_collection=True), r"overlap_collection=True is not supported by ScalableRecurrentPPO"),
     (dict(batched_sequences="yes"), r"batched_sequences must be True or False"),
     (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),
+    (dict(policy_kwargs=dict(lstm_hidden_size=-1)), r"policy_kwargs\['lstm_hidden_size'\] must be an int >= 1, got -1"),
+    (dict(policy_kwargs=dict(lstm_hidden_size=64.5)), r"policy_kwargs\['lstm_hidden_size'\] must be an int >= 1"),
+    (dict(policy_kwargs=dict(n_lstm_layers=0)), r"policy_kwargs\['n_lstm_layers'\] must be an int >= 1, got 0"),
 ])
 def test_bad_arguments_are_named(kwargs: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):

@@ -192,6 +192,10 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
         super().__init__(policy, env, *args, **kwargs)
 
     def _check_supported(self, config: ScaleConfig) -> None:
+        for key in ("lstm_hidden_size", "n_lstm_layers"):  # torch's errors for these name neither
+            value = (self.policy_kwargs or {}).get(key)
+            if value is not None and (not is_int(value) or value < 1):
+                raise ValueError(f"policy_kwargs['{key}'] must be an int >= 1, got {value!r}")
         if not isinstance(self.batched_sequences, bool):
             raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
         if config.overlap_collection:
