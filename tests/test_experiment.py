@@ -130,6 +130,19 @@ def test_rl_zoo3_route_checks_the_entry_before_the_zoo_evals_it(tmp_path: Path) 
     assert not Path(argv[argv.index("-conf") + 1]).exists()
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--algo", "scalable_ppo", "--env", "CartPole-v1-typo"], "unknown env id 'CartPole-v1-typo'"),
+    (["--algo", "scalable_ppo", "--env", "CartPole-v1", "--variant", "nope"], "no entry 'CartPole-v1@nope'"),
+    (["--algo", "scalable_maskable_ppo", "--env", "InvalidActionEnvDiscrete-v0"], "is not available through rl_zoo3"),
+])
+def test_rl_zoo3_route_mistakes_are_one_line(argv: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert zoo_main.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m sb3_ppo_scale.experiments.rl_zoo: error: ")
+    assert message in err[0]
+
+
 def test_optuna_sampler_keeps_minibatches_inside_the_rollout() -> None:
     zoo_main.register_algorithm()
     from rl_zoo3 import hyperparams_opt, utils

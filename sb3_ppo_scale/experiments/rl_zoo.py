@@ -140,10 +140,18 @@ def prepare_argv(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run rl_zoo3's ``train()`` with ScalablePPO registered; returns 0."""
+    """Run rl_zoo3's ``train()`` with ScalablePPO registered; returns 0, or 2 after one line on stderr when this
+    module's own checks (algorithm, config entry, variant, env id) find a mistake. What rl_zoo3 then reports is its
+    own."""
+    from sb3_ppo_scale.cli import USAGE_ERROR, one_line, user_errors
+
     argv = list(sys.argv[1:] if argv is None else argv)
     register_algorithm()
-    zoo_argv = prepare_argv(argv)
+    try:
+        zoo_argv = prepare_argv(argv)
+    except user_errors() as error:
+        print(f"python -m sb3_ppo_scale.experiments.rl_zoo: error: {one_line(error)}", file=sys.stderr)
+        return USAGE_ERROR
     from rl_zoo3.train import train
 
     saved = sys.argv
