@@ -193,8 +193,32 @@ def test_bench_report_without_baseline_runs_says_so(tmp_path: Path, capsys: pyte
     assert "T, scalable_ppo_gpu: no SB3 PPO runs to compare with" in out
 
 
+def test_bench_skips_a_finished_run_only_for_the_same_command(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A finished run is reused when budget, evaluation settings and the entry's hyperparameters are the ones asked
+    for; otherwise bench names the difference (it had reported the old run as the new command's)."""
+    args = bench_module.build_parser().parse_args(["--tasks", "CartPole-v1", "--algos", "scalable_ppo", "--no-pairs",
+                                                   "--seeds", "0", "--budget", "2048", "--out", str(tmp_path)])
+    config, dropped = bench_module._config_for(zoo.load_config(None, "CartPole-v1", algo="scalable_ppo"),
+                                               "scalable_ppo")
+    finished = {"budget": 2048, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
+                "final_episodes": args.final_episodes, "hyperparams": bench_module.recorded_hyperparams(config, dropped)}
+    path = tmp_path / "runs" / "CartPole-v1__scalable_ppo__seed0.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(finished))
+    assert bench_module._jobs(args, tmp_path) == []  # the same run: skipped
+    args.budget = 4096
+    with pytest.raises(ValueError, match=r"holds a finished run with --budget 2048 \(this command: 4096\)"):
+        bench_module._jobs(args, tmp_path)
+    args.budget = 2048
+    path.write_text(json.dumps({**finished, "hyperparams": {**finished["hyperparams"], "n_envs": 99}}))
+    with pytest.raises(ValueError, match="other hyperparameters than entry 'CartPole-v1@cpu'"):  # the label's entry
+        bench_module._jobs(args, tmp_path)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--report-only"], "--report-only: no runs in "),
+    (["--config", "missing.yml"], "No such file or directory: 'missing.yml'"),
     (["--eval-every", "0"], "--eval-every must be >= 1, got 0"),
     (["--threshold-frac", "-0.5"], "--threshold-frac must be > 0, got -0.5"),
     (["--seeds", "0", "-2"], "argument --seeds: must be an int >= 0, got '-2'"),

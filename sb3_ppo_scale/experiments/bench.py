@@ -16,8 +16,9 @@ Protocol (docs/benchmarks.md states it in full):
   ``recurrent_ppo``).
 - Labels of earlier results (``scalable_ppo`` = ``@cpu``, ``scalable_ppo_gpu``, ...) stay valid (:data:`LEGACY_LABELS`).
 - Each run is one single-threaded process; at most ``--workers`` (default 1) run at once. Every run writes
-  ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable); ``--report-only`` only
-  rebuilds the tables and plots.
+  ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable) when they hold the run the
+  command asks for (same budget, evaluation settings and entry hyperparameters; else an error names the difference);
+  ``--report-only`` only rebuilds the tables and plots.
 - Per evaluation (every ``--eval-every`` env steps, ``--eval-episodes`` deterministic episodes, VecNormalize
   statistics frozen, rewards unnormalised) the run JSON records the mean return, mean episode length, mean
   forward distance (x position at the episode's end minus at its start, MuJoCo envs; ``null`` elsewhere), the
@@ -200,8 +201,7 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
     result = {
         "task": task, "algo": label, "algo_class": ALGO_CLASSES[algo], "seed": seed, "budget": budget,
         "entry": config.entry, "dropped_for_sb3": dropped,
-        "hyperparams": {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                        for k, v in config.hyperparams.items() if k not in dropped},
+        "hyperparams": recorded_hyperparams(config, dropped),
         "steps": int(model.num_timesteps), "train_s": last["train_s"], "cpu_s": last["cpu_s"],
         "final_return": last["return"], "final_length": last["length"],
         "final_forward_distance": last["forward_distance"], "steps_per_s": model.num_timesteps / last["train_s"],
@@ -210,6 +210,12 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
     }
     Path(out_file).write_text(json.dumps(result, indent=1))
     return out_file
+
+
+def recorded_hyperparams(config: Any, dropped: list[str]) -> dict[str, Any]:
+    """The entry's hyperparameters as a run's JSON records them (without ``dropped``; non-scalars as strings)."""
+    return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+            for k, v in config.hyperparams.items() if k not in dropped}
 
 
 def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]:
@@ -576,16 +582,49 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
+    """The runs still to do; ValueError (or FileNotFoundError) for a config, entry or env id that cannot load, and for
+    a finished run that is not the one asked for."""
+    from sb3_ppo_scale.experiments import zoo
+
     labels = args.algos if args.no_pairs else with_pairs(args.algos)
+    if args.report_only:
+        return []
+    for task in args.tasks:  # before any run starts or any folder is made: a wrong --config or variant is one error
+        for label in labels:
+            algo, variant = parse_label(label)
+            zoo.load_config(args.config, task, variant, algo=family(algo).name)
     jobs = []
     for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs the labels on every task
         for task in args.tasks:
             for label in labels:
                 path = out / "runs" / f"{path_part(task)}__{label}__seed{seed}.json"
-                if not path.exists() and not args.report_only:
+                if not path.exists():
                     jobs.append((task, label, seed, args.budget, args.eval_every, args.eval_episodes,
                                  args.final_episodes, args.config, str(path), args.workers))
+                elif (different := _differs_from(json.loads(path.read_text()), args, task, label)) is not None:
+                    raise ValueError(f"{path} holds a finished run with {different}: bench skips finished runs only "
+                                     "for the same command; use another --out, or delete that file to run it again")
     return jobs
+
+
+def _differs_from(run: dict[str, Any], args: argparse.Namespace, task: str, label: str) -> str | None:
+    """What of a finished run differs from the run ``args`` asks for (budget, evaluation settings, the entry's
+    hyperparameters), or None. Settings a run did not record yet are not compared."""
+    asked = {"budget": args.budget, "eval_every": args.eval_every, "eval_episodes": args.eval_episodes,
+             "final_episodes": args.final_episodes}
+    for key, value in asked.items():
+        if key in run and run[key] != value:
+            return f"--{key.replace('_', '-')} {run[key]} (this command: {value})"
+    from sb3_ppo_scale.experiments import zoo
+
+    algo, variant = parse_label(label)
+    try:
+        config, dropped = _config_for(zoo.load_config(args.config, task, variant, algo=family(algo).name), algo)
+    except ValueError as error:  # the entry no longer loads for this label
+        return f"an entry this command cannot run ({error})"
+    if "hyperparams" in run and run["hyperparams"] != recorded_hyperparams(config, dropped):
+        return f"other hyperparameters than entry {config.entry!r} of {args.config or 'the default config'} has now"
+    return None
 
 
 def command_line(command: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
@@ -659,8 +698,8 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
     out = Path(args.out)
     if args.report_only and not any((out / "runs").glob("*.json")):
         raise FileNotFoundError(f"--report-only: no runs in {out / 'runs'}; run bench without --report-only first")
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = _jobs(args, out)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     print(f"{len(jobs)} runs to do, {args.workers} at a time")
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
         for done in pool.map(_try_run, *zip(*jobs)) if jobs else []:
