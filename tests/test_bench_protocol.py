@@ -93,7 +93,7 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
     assert summary["T"]["algos"]["sb3_ppo@cpu"]["final_forward_distance"][0] == pytest.approx(2.0005)
     text = bench.write_markdown(summary, tmp_path, 0.9, "cmd").read_text()
     assert "- T, sb3_ppo@cpu: time to threshold 2.00x, training time 2.00x" in text  # the config's effect
-    assert ("- T, scalable_ppo@cpu vs sb3_ppo@cpu (entry `T@cpu`): training time ratio (SB3 / ScalablePPO) "
+    assert ("- T, scalable_ppo@cpu vs sb3_ppo@cpu (entry `T@cpu`): training time ratio (PPO / ScalablePPO) "
             "2.00 [2.00, 2.00], CPU time ratio 2.00 [2.00, 2.00], final return 11 [10, 12] higher (per seed); "
             "evaluation returns identical on 0 of 2 seeds") in text  # the plugin's effect
     assert "| 1000 [1000, 1000] | 2.0 [2.0, 2.0] |" in text  # episode length and forward distance columns

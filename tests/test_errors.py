@@ -189,3 +189,10 @@ def test_overlap_collection_without_envpool_says_why_it_is_not_used() -> None:
                                          r"DummyVecEnv, not an EnvPool VecEnv"):
         model.learn(32)
     assert model.num_timesteps == 32
+
+
+def test_an_unknown_keyword_names_the_class() -> None:
+    from sb3_ppo_scale import ScalableMaskablePPO
+
+    with pytest.raises(TypeError, match=r"ScalableMaskablePPO\(\): got an unexpected keyword argument 'batched_sequences'"):
+        ScalableMaskablePPO("MlpPolicy", "CartPole-v1", batched_sequences=True)

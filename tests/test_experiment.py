@@ -190,7 +190,7 @@ def test_bench_report_without_baseline_runs_says_so(tmp_path: Path, capsys: pyte
         "train_s": 4.0, "cpu_s": 3.0, "final_return": 50.0, "steps_per_s": 2.5, "curve": curve}))
     out = _run(["bench", "--tasks", "T", "--out", str(tmp_path), "--report-only"], capsys)
     assert "| n/a (no baseline runs) | n/a |" in out and "nan" not in out
-    assert "T, scalable_ppo_gpu: no SB3 PPO runs to compare with" in out
+    assert "T, scalable_ppo_gpu: no sb3_ppo runs to compare with" in out
 
 
 def test_bench_skips_a_finished_run_only_for_the_same_command(tmp_path: Path,

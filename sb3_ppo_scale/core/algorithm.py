@@ -146,7 +146,10 @@ class ScalableOnPolicyMixin:
         overlap_collection: bool = False,
         **kwargs: Any,
     ) -> None:
-        base_args = inspect.signature(algorithm_base(type(self)).__init__).bind(self, policy, env, *args, **kwargs)
+        try:
+            base_args = inspect.signature(algorithm_base(type(self)).__init__).bind(self, policy, env, *args, **kwargs)
+        except TypeError as error:  # Python's own message names no class
+            raise TypeError(f"{type(self).__name__}(): {error}") from None
         base_args.apply_defaults()
         # before the algorithm's own `batch_size > 1` assertion, so that error reads like every other
         # (ScaleConfig.validate)

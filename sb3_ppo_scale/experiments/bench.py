@@ -421,7 +421,7 @@ def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
             if algo == baseline:
                 continue
             if baseline not in data["algos"]:
-                lines.append(f"- {task}, {algo}: no SB3 PPO runs to compare with")
+                lines.append(f"- {task}, {algo}: no {baseline} runs to compare with")
                 continue
             to_threshold = _ratio(data, "time_to_threshold", algo)
             reached = f"{to_threshold:.2f}x" if 0 < to_threshold < float("inf") else "n/a (not reached on every seed)"
@@ -466,11 +466,17 @@ def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
             gap = bootstrap_ci([r["final_return"] - theirs[r["seed"]]["final_return"] for r in matched])
             same = sum([p["return"] for p in r["curve"]] == [p["return"] for p in theirs[r["seed"]]["curve"]]
                        for r in matched)
+            classes = f"{_class_name(PAIRS[algo])} / {_class_name(algo)}"
             lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time ratio "
-                         f"(SB3 / ScalablePPO) {_fmt(paired_ratios(runs[pair], ours, 'train_s'), 2)}, CPU time ratio "
+                         f"({classes}) {_fmt(paired_ratios(runs[pair], ours, 'train_s'), 2)}, CPU time ratio "
                          f"{_fmt(paired_ratios(runs[pair], ours, 'cpu_s'), 2)}, final return {_fmt(gap)} higher (per "
                          f"seed); evaluation returns identical on {same} of {len(matched)} seeds")
-    return lines or ["- (no ScalablePPO label with its SB3 PPO pair in these results)"]
+    return lines or ["- (no Scalable label with its baseline pair in these results)"]
+
+
+def _class_name(algo: str) -> str:
+    """The class an algorithm label runs (``ScalablePPO`` for ``scalable_ppo``)."""
+    return ALGO_CLASSES[algo].rpartition(".")[2]
 
 
 def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str,
@@ -496,8 +502,8 @@ def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac
         *_table(summary),
         "", f"Against the baseline ({', '.join(baselines)}; ratios from the means, > 1: faster than the baseline):", "",
         *_baseline_lines(summary),
-        "", "Plugin effect: ScalablePPO / SB3 PPO under the same config entry, same seeds (training time: SB3's / "
-        "ScalablePPO's per seed):", "",
+        "", "Plugin effect: each Scalable class against the class it extends under the same config entry, same seeds "
+        "(training time: theirs / ours per seed):", "",
         *_plugin_lines(summary),
     ]
     path = out / "learning_summary.md"
@@ -539,7 +545,8 @@ def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{task}: ScalablePPO and SB3 PPO, config entries in the labels (band: min..max over seeds)")
+        fig.suptitle(f"{task}: the Scalable classes and the classes they extend, config entries in the labels "
+                     "(band: min..max over seeds)")
         fig.tight_layout()
         path = out / f"learning_{path_part(task)}.png"
         fig.savefig(path, dpi=100)
@@ -690,6 +697,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.threshold_frac > 0:
         raise ValueError(f"--threshold-frac must be > 0, got {args.threshold_frac}")
+    labels = with_pairs(args.algos)
+    if parse_label(args.baseline)[0] not in {parse_label(label)[0] for label in labels}:
+        raise ValueError(f"--baseline {args.baseline} is not one of the benchmark's algorithms: its labels (with their "
+                         f"pairs) are {', '.join(labels)}")
 
 
 def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
