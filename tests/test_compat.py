@@ -138,7 +138,8 @@ def test_load_with_fewer_envs_for_evaluation(tmp_path) -> None:
     ScalablePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4), n_steps=16, batch_size=64, device="cpu").save(tmp_path / "m")
     model = ScalablePPO.load(tmp_path / "m", env=make_vec_env("CartPole-v1", n_envs=1), device="cpu")
     assert model.predict(np.zeros((1, 4), dtype=np.float32))[0].shape == (1,)
-    with pytest.raises(ValueError, match=r"batch_size must be between 1 and n_steps \* n_envs = 16 \* 1 = 16"):
+    with pytest.raises(ValueError, match=r"batch_size must be between 1 and n_steps \* n_envs = 16 \* 1 = 16 .* pass "
+                                         r"batch_size \(to load\(..., batch_size=N\) for a loaded model\)"):
         model.learn(16)
 
 

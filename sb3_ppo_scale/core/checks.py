@@ -99,7 +99,9 @@ def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: i
         ranks = "" if world_size == 1 else f" * {world_size} ranks"
         raise ValueError(
             f"batch_size must be between 1 and n_steps * n_envs{' * world_size' if world_size > 1 else ''} = "
-            f"{n_steps} * {n_envs}{ranks} = {rollout_size} (the whole rollout), got {batch_size}"
+            f"{n_steps} * {n_envs}{ranks} = {rollout_size} (the whole rollout), got {batch_size}; SB3's PPO would "
+            "train on the whole rollout instead: pass batch_size (to load(..., batch_size=N) for a loaded model) or "
+            "collect more per rollout"
         )
 
 
