@@ -59,7 +59,7 @@ from stable_baselines3.common.logger import (
     TensorBoardOutputFormat,
     configure,
 )
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes
@@ -84,15 +84,20 @@ class NonFiniteCheckpointError(ValueError):
 class TrainingPreempted(SystemExit):
     """Training stopped on a signal after writing its checkpoint; ``code`` is :data:`PREEMPTED_EXIT_CODE`.
 
-    Uncaught, the process exits with that code. ``path`` is the checkpoint, ``signal_name`` the signal.
+    Uncaught, the process exits with that code. ``path`` is the checkpoint, ``signal_name`` the signal,
+    ``num_timesteps`` the env steps of the checkpoint written (None: none could be written, see :meth:`__str__`).
     """
 
-    def __init__(self, path: Path, signal_name: str, num_timesteps: int) -> None:
+    def __init__(self, path: Path, signal_name: str, num_timesteps: int | None) -> None:
         super().__init__(PREEMPTED_EXIT_CODE)
         self.path, self.signal_name, self.num_timesteps = path, signal_name, num_timesteps
 
     def __str__(self) -> str:
-        return (f"stopped by {self.signal_name} at {self.num_timesteps} env steps; checkpoint {self.path} written "
+        if self.num_timesteps is None:
+            return (f"stopped by {self.signal_name}; no checkpoint could be written (the envs stopped after an update, "
+                    f"before the state that goes with it was captured; --checkpoint-every keeps one) "
+                    f"(exit code {PREEMPTED_EXIT_CODE})")
+        return (f"stopped by {self.signal_name}; checkpoint {self.path} at {self.num_timesteps} env steps "
                 f"(exit code {PREEMPTED_EXIT_CODE})")
 
 
@@ -185,23 +190,23 @@ _VEC_NORMALIZE_SETTINGS = ("training", "norm_obs", "norm_reward", "clip_obs", "c
                            "norm_obs_keys")
 
 
-def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
+def capture_boundary(model: BaseAlgorithm, env_side: dict[str, Any] | None = None) -> dict[str, Any]:
     """What changes while a rollout is collected, as it is now (call it at a rollout boundary).
 
     Parameters, optimizer state and the retained pool change only in ``train()``; they are read when the
     checkpoint is written.
+
+    :param env_side: :func:`capture_env_side` taken earlier, when nothing has stepped the env since (default: read
+        now). The env's own state does not change in ``train()``, so the one read at a rollout's end is the next
+        boundary's, and stays readable after a signal ended a ``SubprocVecEnv``'s workers during the update.
     """
-    env = model.get_env()
-    env_rng, env_rng_note = _env_rng_states(env) if env is not None else (None, "no env")
     vec_normalize = model.get_vec_normalize_env()
     logger = model.logger
     return {
         "counters": {name: copy.deepcopy(getattr(model, name, None)) for name in
                      ("num_timesteps", "_episode_num", "_n_updates", "_total_timesteps", "_current_progress_remaining")},
         "rng": _rng_state(),
-        "env_rng": env_rng,
-        "env_rng_note": env_rng_note,
-        **_episodes(env),
+        **(capture_env_side(model) if env_side is None else env_side),
         "vec_normalize": None if vec_normalize is None else {
             "obs_rms": copy.deepcopy(vec_normalize.obs_rms), "ret_rms": copy.deepcopy(vec_normalize.ret_rms),
             "settings": {name: copy.deepcopy(getattr(vec_normalize, name)) for name in _VEC_NORMALIZE_SETTINGS}},
@@ -215,6 +220,21 @@ def capture_boundary(model: BaseAlgorithm) -> dict[str, Any]:
         "sde_noise": _sde_noise(model),
         "algorithm_state": _algorithm_state(model),
     }
+
+
+def capture_env_side(model: BaseAlgorithm) -> dict[str, Any]:
+    """The part of a boundary read from the envs (possibly in other processes): each env's RNG state and the episodes
+    in progress."""
+    env = model.get_env()
+    env_rng, env_rng_note = _env_rng_states(env) if env is not None else (None, "no env")
+    return {"env_rng": env_rng, "env_rng_note": env_rng_note, **_episodes(env)}
+
+
+def _in_worker_processes(env: VecEnv | None) -> bool:
+    """Whether ``env``'s envs run in a ``SubprocVecEnv``'s workers (which a signal to the process group also ends)."""
+    while env is not None and hasattr(env, "venv"):
+        env = env.venv
+    return isinstance(env, SubprocVecEnv)
 
 
 def _episodes(env: VecEnv | None) -> dict[str, Any]:
@@ -518,6 +538,7 @@ class ResumableCheckpoint(BaseCallback):
         self._boundary_written = False
         self._in_rollout = False
         self._updates_at_rollout_end: int | None = None
+        self._env_side_at_rollout_end: tuple[int, dict[str, Any]] | None = None
         self._last_written = 0
 
     # -------------------------------------------------------------------------------- signals
@@ -561,6 +582,9 @@ class ResumableCheckpoint(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         self._in_rollout, self._updates_at_rollout_end = False, self.model._n_updates
+        # envs in worker processes: read their state now, while they live, for write_now() after an update
+        self._env_side_at_rollout_end = (self.model.num_timesteps, capture_env_side(self.model)) \
+            if _in_worker_processes(self.model.get_env()) else None
 
     def _on_step(self) -> bool:
         return not self.stop_requested  # under torchrun the ranks' stop decisions are merged after the rollout
@@ -580,9 +604,19 @@ class ResumableCheckpoint(BaseCallback):
             self.signal_name = signal.Signals(self._signal).name if self._signal is not None else "a signal on another rank"
 
     def write_now(self) -> None:
-        """Write the checkpoint from the last rollout boundary (e.g. after an env worker died on the signal)."""
-        if self._boundary is not None and not self._boundary_written:
-            self._write(self._boundary)
+        """Write the checkpoint of the state now when the env can no longer be read (e.g. a ``SubprocVecEnv``'s
+        workers died of the same signal): the last rollout boundary's while the model has not been updated since; after
+        an update, the model now with the env state read at that rollout's end (nothing steps the env in between).
+        Where neither holds, nothing is written and the checkpoint written last, if any, stays the one to resume
+        from."""
+        if self._boundary is None:
+            return
+        if self.model._n_updates == self._boundary["counters"]["_n_updates"]:
+            if not self._boundary_written:
+                self._write(self._boundary)
+            return
+        if self._env_side_at_rollout_end is not None and self._env_side_at_rollout_end[0] == self.model.num_timesteps:
+            self._write(capture_boundary(self.model, env_side=self._env_side_at_rollout_end[1]))
 
     def _write(self, boundary: dict[str, Any]) -> None:
         save_checkpoint(self.model, self.path, boundary)
@@ -661,7 +695,8 @@ def learn_resumable(model: BaseAlgorithm, total_timesteps: int | None, checkpoin
         if not checkpoint.stop_requested:
             raise
         checkpoint.write_now()  # e.g. a SubprocVecEnv worker died of the same signal
-        raise TrainingPreempted(checkpoint.path, signal.Signals(checkpoint._signal).name, model.num_timesteps)
+        raise TrainingPreempted(checkpoint.path, signal.Signals(checkpoint._signal).name,
+                                checkpoint.written[-1] if checkpoint.written else None) from None
     finally:
         _RESUMED.pop(model, None)
     if checkpoint.preempted:

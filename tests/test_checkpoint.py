@@ -320,10 +320,10 @@ def test_sigterm_stops_train_with_a_checkpoint_and_resume_completes_the_run(tmp_
     # the first periodic checkpoint: training is under way
     out, err = sigterm_when(process, lambda: (run / "checkpoint.pt").exists())
     assert process.returncode == PREEMPTED_EXIT_CODE, err
-    assert "sb3-ppo-scale train: stopped by SIGTERM at" in err
-    assert "written (exit code 75); run the same command with --resume to continue" in err
-
     stopped_at = read_checkpoint(run / "checkpoint.pt")["counters"]["num_timesteps"]
+    assert (f"sb3-ppo-scale train: stopped by SIGTERM; checkpoint {run / 'checkpoint.pt'} at {stopped_at} env steps "
+            "(exit code 75); run the same command with --resume to continue") in err
+
     assert 0 < stopped_at < CLI_BUDGET and stopped_at % CLI_ROLLOUT == 0
     loaded = load_checkpoint(run / "checkpoint.pt", make_vec_env("CartPole-v1", n_envs=2), device="cpu")
     assert loaded.num_timesteps == stopped_at and loaded._total_timesteps == CLI_BUDGET
@@ -338,6 +338,33 @@ def test_sigterm_stops_train_with_a_checkpoint_and_resume_completes_the_run(tmp_
     assert _scalar_steps(run, "train/loss") == list(range(2 * CLI_ROLLOUT, CLI_BUDGET + 1, CLI_ROLLOUT))
     assert sorted(p.name for p in (run / "monitor").iterdir()) == [
         "0.monitor.csv", "0.part1.monitor.csv", "1.monitor.csv", "1.part1.monitor.csv"]
+
+
+def test_a_signal_to_the_whole_process_group_of_a_subproc_run_resumes_exactly(tmp_path: Path) -> None:
+    """Ctrl-C or a scheduler signals every process of the group, the SubprocVecEnv workers too, which die. A signal
+    landing in an update (long updates here) had paired the updated parameters with the previous boundary's env
+    state; the checkpoint now takes the env state read at that rollout's end, and the resumed run ends equal to the
+    uninterrupted one."""
+    args = ["train", "--env", "CartPole-v1", "--set", "n_envs=4", "--set", "batch_size=128", "--set", "n_epochs=200",
+            "--vec-env", "subproc", "--n-timesteps", "2048", "--checkpoint-every", "512", "--eval-freq", "0",
+            "--no-progress", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "sb3_ppo_scale", *args, "--log-dir", str(reference)], check=True, env=env,
+                   capture_output=True, timeout=300)
+    command = [sys.executable, "-m", "sb3_ppo_scale", *args, "--log-dir", str(run)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)  # its own process group, with its workers
+    while not (run / "checkpoint.pt").exists():
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the run: its updates are about 95% of it
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == PREEMPTED_EXIT_CODE, err
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_identical(ScalablePPO.load(reference / "model.zip"), ScalablePPO.load(run / "model.zip"))
 
 
 def test_resume_with_another_budget_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
