@@ -367,6 +367,26 @@ def test_a_signal_to_the_whole_process_group_of_a_subproc_run_resumes_exactly(tm
     assert_identical(ScalablePPO.load(reference / "model.zip"), ScalablePPO.load(run / "model.zip"))
 
 
+def test_resume_with_other_settings_than_the_run_is_refused(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--resume with another --set or --seed: one line naming each difference (the checkpoint's model would keep its
+    values while config.yml recorded the new ones); the same command, with another --device or --threads, resumes."""
+    from sb3_ppo_scale.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "--env", "CartPole-v1", "--set", "n_envs=2", "--set", "n_steps=32", "--set", "batch_size=64",
+            "--n-timesteps", "128", "--checkpoint-every", "64", "--eval-freq", "0", "--no-progress", "--log-dir",
+            str(run)]
+    assert main(args) == 0 and (run / "checkpoint.pt").is_file()
+    capsys.readouterr()
+    assert main([*args, "--resume", "--set", "n_epochs=5", "--seed", "7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"sb3-ppo-scale train: error: --resume continues the run in {run} as recorded in its config.yml, "
+                   "but this command differs: seed 0 -> 7; n_epochs 20 -> 5; resume with the run's own settings, or "
+                   "start a new run in another --log-dir"]
+    assert main([*args, "--resume", "--threads", "1", "--device", "cpu"]) == 0
+
+
 def test_resume_with_another_budget_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sb3_ppo_scale.cli import main
 

@@ -128,6 +128,8 @@ def train(args: argparse.Namespace) -> int:
     run_dir = Path(args.log_dir or Path("logs") / f"{path_part(config.entry)}_seed{args.seed}")
     checkpoint = checkpointing.train_checkpoint(run_dir, args.checkpoint_every)
     resume_from = checkpointing.checkpoint_to_resume(run_dir, args.resume)
+    if resume_from is not None:
+        _check_same_run(run_dir, config, args.seed)
     model, callback = _build_run(config, args, run_dir, n_timesteps, resume_from)
     main = is_main_process()  # under torchrun every rank trains; rank 0 alone evaluates and writes the run folder
     if main and resume_from is None:
@@ -193,6 +195,26 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
             shutil.rmtree(created, ignore_errors=True)
         raise
     return model, callback
+
+
+def _check_same_run(run_dir: Path, config: Any, seed: int) -> None:
+    """``--resume`` continues the run its folder records (``config.yml``): the same env id, seed and hyperparameters
+    (``--set``, ``--config``, ``--variant``), else ValueError naming what differs (the checkpoint's model would keep
+    its own values while ``config.yml`` recorded the new ones). The budget and ``--algo`` are checked against the
+    checkpoint itself; options that do not change training (``--device``, ``--threads``, evaluation) may change."""
+    path = run_dir / "config.yml"
+    if not path.is_file():  # a checkpoint written through the Python API: nothing recorded to compare with
+        return
+    saved = yaml.safe_load(path.read_text())
+    differs = [f"{key} {saved.get(key)!r} -> {value!r}" for key, value in (("env_id", config.env_id), ("seed", seed))
+               if key in saved and saved[key] != value]
+    recorded, asked = saved.get("hyperparams", {}), config.hyperparams
+    differs += [f"{key} {recorded.get(key)!r} -> {asked.get(key)!r}" for key in sorted(set(recorded) | set(asked))
+                if key != "n_timesteps" and recorded.get(key) != asked.get(key)]
+    if differs:
+        raise ValueError(f"--resume continues the run in {run_dir} as recorded in its config.yml, but this command "
+                         f"differs: {'; '.join(differs)}; resume with the run's own settings, or start a new run in "
+                         "another --log-dir")
 
 
 def _clear_earlier_run(run_dir: Path, n_envs: int) -> None:
