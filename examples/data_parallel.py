@@ -44,10 +44,23 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def _without_nproc(argv: list[str]) -> list[str]:
+    """``argv`` without ``--nproc N`` / ``--nproc=N`` (torchrun's own parser would read it as ``--nproc-per-node``)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
+
+
 def relaunch_under_torchrun(nproc: int) -> int:
     """Start this script again as ``nproc`` torchrun workers (one torch thread each); returns their exit code."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               __file__, *sys.argv[1:]]
+               __file__, *_without_nproc(sys.argv[1:])]
     return subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False).returncode
 
 

@@ -71,7 +71,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     th.set_num_threads(1)
-    run_dir = Path(args.run_dir or (tempfile.mkdtemp() if SMOKE else "runs/resume_demo"))
+    temporary = None if args.run_dir or not SMOKE else tempfile.TemporaryDirectory()
+    run_dir = Path(args.run_dir or (temporary.name if temporary is not None else "runs/resume_demo"))
     try:
         model = train(run_dir, args.timesteps, args.checkpoint_every, args.seed, preempt=SMOKE)
     except TrainingPreempted as stopped:
@@ -79,6 +80,9 @@ def main() -> int:
         if not SMOKE:
             raise  # exit code 75: the job script requeues
         model = train(run_dir, args.timesteps, args.checkpoint_every, args.seed, preempt=False)  # the requeued job
+    finally:
+        if temporary is not None:
+            temporary.cleanup()
     print(f"trained {model.num_timesteps} env steps (budget {args.timesteps})")
     mean, _ = evaluate_policy(model, make_vec_env("CartPole-v1", n_envs=1, seed=args.seed + 1000), n_eval_episodes=3)
     print(f"evaluation return (mean of 3 deterministic episodes): {mean:.1f}")

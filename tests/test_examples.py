@@ -116,3 +116,14 @@ SPECIFIC_CHECKS = {
     "load_and_evaluate.py": _load_and_evaluate,
     "tuning_study.py": _tuning_study,
 }
+
+
+def test_data_parallel_example_with_nproc_as_documented(tmp_path: Path) -> None:
+    """``python examples/data_parallel.py --nproc 2`` (its docstring's command): torchrun's own parser must not see
+    ``--nproc``, which it reads as an ambiguous ``--nproc-per-node``."""
+    script = next(p for p in SCRIPTS if p.name == "data_parallel.py")
+    env = dict(os.environ, SB3_PPO_SCALE_SMOKE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(script), "--nproc", "2"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0, result.stderr
+    assert "rank 1:" in result.stdout and "rank 0 saved the model" in result.stdout
