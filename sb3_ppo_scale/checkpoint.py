@@ -152,12 +152,18 @@ def _env_rng_states(env: VecEnv) -> tuple[list[Any] | None, str]:
     return [copy.deepcopy(g.bit_generator.state) for g in generators], ""
 
 
-def _set_env_rng_states(env: VecEnv, states: list[Any]) -> None:
-    generators = env.get_attr("np_random")
+def _set_env_rng_states(env: VecEnv, states: list[Any]) -> str:
+    """Put each env's ``np_random`` state back; returns "" or why it could not (the env is not one that exposes it,
+    e.g. an EnvPool VecEnv resuming a DummyVecEnv run)."""
+    try:
+        generators = env.get_attr("np_random")
+    except Exception as error:
+        return f"{type(env).__name__}.get_attr('np_random') failed: {type(error).__name__}: {error}"
     for index, (generator, state) in enumerate(zip(generators, states)):
         restored = np.random.Generator(type(generator.bit_generator)())
         restored.bit_generator.state = state
         env.set_attr("np_random", restored, indices=[index])
+    return ""
 
 
 def _sde_noise(model: BaseAlgorithm) -> dict[str, th.Tensor] | None:
@@ -377,10 +383,10 @@ def _prepare_env(env: VecEnv, local: dict[str, Any]) -> VecEnv:
     return VecNormalize(env, **saved["settings"])
 
 
-def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> bool:
+def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> tuple[bool, str]:
     """Reset the env without touching VecNormalize's statistics, then restore them, each env's RNG and, where the
     checkpoint holds them, the episodes in progress (then the run continues from the checkpoint's observations).
-    Returns whether the episodes were put back."""
+    Returns whether the episodes were put back, and why the env RNG was not ("" when it was)."""
     env, vec_normalize = model.get_env(), model.get_vec_normalize_env()
     assert env is not None
     if vec_normalize is not None:
@@ -395,16 +401,16 @@ def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> bool:
     model._last_episode_starts = np.ones((env.num_envs,), dtype=bool)
     if vec_normalize is not None:
         model._last_original_obs = vec_normalize.get_original_obs()
-    if local["env_rng"] is not None and len(local["env_rng"]) == env.num_envs:
-        _set_env_rng_states(env, local["env_rng"])
+    # not captured (and why), or captured and put back ("") or not (why)
+    rng_note = local["env_rng_note"] if local["env_rng"] is None else _set_env_rng_states(env, local["env_rng"])
     episodes = local.get("episodes")  # checkpoints written before episodes were captured hold none
-    if episodes is None or local["env_rng"] is None or not restore_episodes(env, episodes):
-        return False
+    if episodes is None or rng_note or not restore_episodes(env, episodes):
+        return False, rng_note
     model._last_obs = _in_layout_of(model._last_obs, local["last_obs"])
     model._last_episode_starts = copy.deepcopy(local["last_episode_starts"])
     if vec_normalize is not None:
         model._last_original_obs = vec_normalize.get_original_obs()
-    return True
+    return True, ""
 
 
 def _in_layout_of(fresh: Any, saved: Any) -> Any:
@@ -470,8 +476,13 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
     :param cls: the algorithm class (default: the class that wrote the checkpoint); ``kwargs`` go to its ``load``.
     """
     state = read_checkpoint(path)
+    written_by = _algorithm_class(state)
     if cls is None:
-        cls = _algorithm_class(state)
+        cls = written_by
+    elif not (issubclass(cls, written_by) or issubclass(written_by, cls)):
+        raise ValueError(f"checkpoint {path} was written by {written_by.__name__}; load it with "
+                         f"{written_by.__name__}.load_checkpoint (or sb3_ppo_scale.checkpoint.load_checkpoint), not "
+                         f"{cls.__name__}'s")
     rank, world = _rank_and_world()
     if len(state["ranks"]) != world:
         raise ValueError(f"checkpoint {path} was written by {len(state['ranks'])} rank(s), this run has {world}")
@@ -482,11 +493,11 @@ def load_checkpoint(path: str | Path, env: VecEnv, device: str | th.device = "au
                          "as for the checkpointed run")
     model = cls.load(io.BytesIO(state["model_zip"]), env=_prepare_env(env, local), device=device, **kwargs)
     _restore_counters(model, state["counters"])
-    continued = _restore_env(model, local)
+    continued, rng_note = _restore_env(model, local)
     _restore_local(model, local)
     notes = []
-    if local["env_rng"] is None:
-        notes.append(f"env RNG not restored ({local['env_rng_note']})")
+    if rng_note:
+        notes.append(f"env RNG not restored ({rng_note})")
     restarted = _restarted_envs(model, local, continued)
     if restarted:
         why = local.get("episodes_note") or "the env is not built as the checkpointed one was"

@@ -277,6 +277,33 @@ def test_resume_on_another_number_of_envs_is_refused(tmp_path: Path) -> None:
         load_checkpoint(path, make_vec_env(FixedLengthEnv, n_envs=3), device="cpu")
 
 
+def test_a_checkpoint_loads_only_as_its_own_kind_of_algorithm(tmp_path: Path) -> None:
+    from sb3_ppo_scale import ScalableRecurrentPPO
+
+    recurrent = ScalableRecurrentPPO("MlpLstmPolicy", make_vec_env("CartPole-v1", n_envs=2), n_steps=32, batch_size=64,
+                                     policy_kwargs={"lstm_hidden_size": 8}, device="cpu")
+    recurrent.learn(64)
+    path = save_checkpoint(recurrent, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="was written by ScalableRecurrentPPO; load it with "
+                                         "ScalableRecurrentPPO.load_checkpoint"):
+        ScalablePPO.load_checkpoint(path, make_vec_env("CartPole-v1", n_envs=2), device="cpu")
+    assert type(load_checkpoint(path, make_vec_env("CartPole-v1", n_envs=2), device="cpu")) is ScalableRecurrentPPO
+
+
+def test_resuming_on_an_env_without_rng_access_says_so(tmp_path: Path) -> None:
+    """A DummyVecEnv run resumed on an EnvPool VecEnv (whose envs expose no np_random): a note, not a crash."""
+    pytest.importorskip("envpool")
+    from sb3_ppo_scale.envs import make_envpool_vec_env
+
+    model = ScalablePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2), n_steps=32, batch_size=64, device="cpu")
+    model.learn(64)
+    path = save_checkpoint(model, tmp_path / "checkpoint.pt")
+    resumed = load_checkpoint(path, make_envpool_vec_env("CartPole-v1", 2, seed=0), device="cpu")
+    assert any(note.startswith("env RNG not restored (EnvPoolVecEnv.get_attr('np_random') failed")
+               for note in resume_notes(resumed))
+    resumed.learn(64, reset_num_timesteps=False)
+
+
 def test_not_a_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not found"):
         read_checkpoint(tmp_path / "missing.pt")
