@@ -73,6 +73,9 @@ _SAME_ON_ALL_RANKS = (
     "batched_sequences", "sequence_length",  # ScalableRecurrentPPO's (None elsewhere)
     *ScaleConfig.__dataclass_fields__,
 )
+#: VecNormalize's settings that must be equal on every rank (its presence too)
+_VEC_NORMALIZE_SETTINGS = ("training", "norm_obs", "norm_reward", "clip_obs", "clip_reward", "gamma", "epsilon",
+                           "norm_obs_keys")
 #: schedules are compared by their values at these progress-remaining points
 _SCHEDULE_POINTS = (1.0, 0.5, 0.0)
 
@@ -296,6 +299,9 @@ def hyperparameters(model: Any) -> dict[str, str]:
         schedule = getattr(model, name, None)
         values[name] = _stable_repr([schedule(p) for p in _SCHEDULE_POINTS] if callable(schedule) else schedule)
     values["parameters"] = _stable_repr([(k, tuple(v.shape)) for k, v in model.policy.state_dict().items()])
+    vec_normalize = model.get_vec_normalize_env()  # its statistics are merged after every rollout: on every rank alike
+    values["VecNormalize"] = _stable_repr(None if vec_normalize is None else {
+        name: getattr(vec_normalize, name, None) for name in _VEC_NORMALIZE_SETTINGS})
     return values
 
 

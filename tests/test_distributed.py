@@ -183,7 +183,7 @@ def _single_process_reference(name: str, ranks: list[dict[str, Any]]) -> Scalabl
 def _all_checks_worker(rank: int, out: Path) -> dict[str, Any]:
     """Every check that needs ranks, in one spawn (starting processes is most of the cost)."""
     return dict(exactness=_exactness_worker(rank, out), learn=_learn_worker(rank, out),
-                mismatch=_mismatch_worker(rank, out))
+                mismatch=_mismatch_worker(rank, out), vec_normalize_mismatch=_vec_normalize_mismatch_worker(rank))
 
 
 @pytest.fixture(scope="module")
@@ -346,7 +346,24 @@ def _mismatch_worker(rank: int, out: Path) -> str:
     return "no error"
 
 
+def _vec_normalize_mismatch_worker(rank: int) -> str:
+    """VecNormalize on rank 0 only: its statistics' merge after each rollout would wait for a collective rank 1 never
+    makes (a hang until the 30-minute timeout); the hyperparameter check refuses it first."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = make_vec_env("CartPole-v1", n_envs=1)
+    model = ScalablePPO("MlpPolicy", VecNormalize(env) if rank == 0 else env, n_steps=32, batch_size=32, device="cpu")
+    try:
+        model.learn(64)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
 def test_mismatched_hyperparameters_fail_on_every_rank(spawned) -> None:
+    for message in (r["vec_normalize_mismatch"] for r in spawned[0]):
+        assert "hyperparameters differ across ranks" in message and "VecNormalize: rank 0 {" in message
     for message in (r["mismatch"] for r in spawned[0]):
         assert "hyperparameters differ across ranks" in message and "lr_schedule" in message
         assert "batch_size" not in message
