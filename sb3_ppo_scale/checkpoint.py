@@ -765,8 +765,12 @@ def resume_train_model(path: Path, env: VecEnv, device: str, n_timesteps: int) -
         raise ValueError(f"--n-timesteps {n_timesteps} differs from the budget of the checkpointed run ({budget}); "
                          "resume with the same budget")
     notes = "; ".join(resume_notes(model))
-    print(f"resuming {path} at {model.num_timesteps} of {budget} env steps" + (f" ({notes})" if notes else ""),
-          flush=True)
+    rank, world = _rank_and_world()
+    if rank == 0:  # under torchrun one line, and a line from another rank only where its own state was not restored
+        print(f"resuming {path} at {model.num_timesteps} of {budget} env steps" + (f" ({notes})" if notes else ""),
+              flush=True)
+    elif notes:
+        print(f"rank {rank} of {world}: {notes}", flush=True)
     return model
 
 

@@ -143,8 +143,9 @@ def train(args: argparse.Namespace) -> int:
                                       tb_log_name=type(model).__name__,
                                       progress_bar=not args.no_progress and main)
     except checkpointing.TrainingPreempted as stopped:
-        print(f"sb3-ppo-scale train: {stopped}; run the same command with --resume to continue", file=sys.stderr,
-              flush=True)
+        if main:  # every rank stops alike; one line says so
+            print(f"sb3-ppo-scale train: {stopped}; run the same command with --resume to continue", file=sys.stderr,
+                  flush=True)
         return checkpointing.PREEMPTED_EXIT_CODE
     if not main:
         return 0
