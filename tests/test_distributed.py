@@ -433,3 +433,17 @@ def test_cli_train_under_torchrun(tmp_path) -> None:
     assert (run / "final_eval.json").is_file() and (run / "evaluations.npz").is_file()
     monitors = sorted(p.name for p in (run / "monitor").iterdir())
     assert monitors == [f"{i}.monitor.csv" for i in range(8)]  # rank 0's 8 envs only
+
+
+def test_cli_mistake_that_needs_ranks_leaves_no_run_folder(tmp_path) -> None:
+    """A batch_size no world size divides is refused before training, as single-process mistakes are: one line per
+    rank, exit code 2, no run folder left behind."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "sb3_ppo_scale", "train", "--env", "CartPole-v1", "--set", "batch_size=255", "--n-timesteps",
+               "2048", "--no-progress", "--log-dir", str(run)]
+    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          timeout=300)
+    assert done.returncode != 0
+    assert "sb3-ppo-scale train: error: batch_size must be divisible by the world size (2 processes)" in done.stderr
+    assert not run.exists()

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.distributed import is_main_process
 from sb3_ppo_scale import checkpoint as checkpointing
 from sb3_ppo_scale.experiments import bench as bench_module
@@ -181,6 +182,9 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
         else:
             model = zoo.build_model(config, env, algo=cls, seed=args.seed, device=args.device, verbose=args.verbose,
                                     tensorboard_log=str(run_dir / "tensorboard"))
+        world = data_parallel.world_size()
+        if world > 1:  # what learn() checks when the ranks meet, here already: a mistake leaves no run folder
+            data_parallel.check_data_parallel(model, world, data_parallel.backend_for(model.device))
         callback = None
         if args.eval_freq > 0 and main:
             eval_env = zoo.make_envs(config, n_envs=1, seed=args.seed + EVAL_SEED_OFFSET, eval_env=True,
