@@ -133,6 +133,20 @@ def test_cuda_graphs_reused_across_calls_and_recaptured_when_state_changes() -> 
     assert max_param_diff(eager, graphed) <= TOL
 
 
+def test_cuda_graphs_recapture_when_a_module_is_replaced_with_the_same_optimizer() -> None:
+    """A CNN policy (its own evaluate_actions, the same evaluator object throughout) whose value head is replaced
+    while the optimizer stays: the graphs baked in the old module's forward, so the next call captures again."""
+    model = ScalablePPO("CnnPolicy", FakeImageEnv(screen_height=40, screen_width=40, n_channels=1, discrete=True),
+                        n_steps=32, batch_size=16, n_epochs=2, device="cuda", seed=0, cuda_graphs=True)
+    model.learn(64)
+    captures = model._graph_cache.captures
+    assert captures >= 1
+    old = model.policy.value_net
+    model.policy.value_net = th.nn.Linear(old.in_features, 1).to("cuda")
+    model.learn(64, reset_num_timesteps=False)
+    assert model._graph_cache.captures == captures + 1
+
+
 def test_cuda_graphs_kl_adaptive_learning_rate_does_not_recapture() -> None:
     """A learning rate that changes every call lives in a persistent device tensor: one capture for the run, and
     the same parameters and rates as eager training."""

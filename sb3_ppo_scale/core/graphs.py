@@ -24,6 +24,7 @@ from typing import Any
 
 import torch as th
 
+from sb3_ppo_scale.core.inference import PolicyParts
 from sb3_ppo_scale.core.objectives import LossSettings
 from sb3_ppo_scale.core.sampling import LogicalBatch
 from sb3_ppo_scale.core.step import StepSettings, UpdateStep
@@ -45,6 +46,7 @@ class GraphKey:
     data: tuple[Storage, ...]
     parameters: tuple[int, ...]
     optimizer_state: tuple[int, ...]
+    policy_parts: PolicyParts  #: the modules the forward runs (one replaced without a new optimizer changes only this)
 
 
 @dataclass
@@ -121,6 +123,7 @@ class CudaGraphStep:
             data=tuple(None if t is None else (t.data_ptr(), tuple(t.shape), t.dtype) for t in batch.rollout.tensors()),
             parameters=tuple(p.data_ptr() for p in params),
             optimizer_state=tuple(t.data_ptr() for t in state),
+            policy_parts=PolicyParts(self._step.policy),
         )
 
     def _replay(self, batch: LogicalBatch) -> tuple[th.Tensor, bool]:
