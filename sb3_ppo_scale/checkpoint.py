@@ -62,7 +62,7 @@ from stable_baselines3.common.logger import (
 from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecEnvWrapper, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppo_scale.core.checks import is_int
-from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes
+from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes, vec_layers
 
 #: Format version of the checkpoint dict (a checkpoint of another version is refused with a clear error).
 CHECKPOINT_VERSION = 1
@@ -238,9 +238,7 @@ def capture_env_side(model: BaseAlgorithm) -> dict[str, Any]:
 
 def _in_worker_processes(env: VecEnv | None) -> bool:
     """Whether ``env``'s envs run in a ``SubprocVecEnv``'s workers (which a signal to the process group also ends)."""
-    while env is not None and hasattr(env, "venv"):
-        env = env.venv
-    return isinstance(env, SubprocVecEnv)
+    return env is not None and isinstance(vec_layers(env)[-1], SubprocVecEnv)
 
 
 def _episodes(env: VecEnv | None) -> dict[str, Any]:

@@ -226,7 +226,8 @@ class EpisodeState(gym.Wrapper):
 LAYER_ATTRIBUTES[_name(EpisodeState)] = _STATELESS
 
 
-def _vec_layers(venv: VecEnv) -> list[VecEnv]:
+def vec_layers(venv: VecEnv) -> list[VecEnv]:
+    """``venv`` and each VecEnv it wraps, outermost first (the last is the base VecEnv)."""
     layers = [venv]
     while hasattr(layers[-1], "venv"):
         layers.append(layers[-1].venv)
@@ -240,7 +241,7 @@ def _wrapped_in_episode_state(base: VecEnv) -> bool:
 
 def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
     """The episode state of every env of ``venv`` and of its VecEnv wrappers, or (None, why not)."""
-    layers = _vec_layers(venv)
+    layers = vec_layers(venv)
     wrappers, base = layers[:-1], layers[-1]
     for wrapper in wrappers:
         if type(wrapper) not in VEC_ATTRIBUTES:
@@ -266,7 +267,7 @@ def capture_episodes(venv: VecEnv) -> tuple[dict[str, Any] | None, str]:
 def restore_episodes(venv: VecEnv, captured: dict[str, Any]) -> bool:
     """Put the episodes of :func:`capture_episodes` back into ``venv`` (built and reset as the captured one was);
     False, with nothing changed, when ``venv`` is not made of the same layers."""
-    layers = _vec_layers(venv)
+    layers = vec_layers(venv)
     wrappers, base = layers[:-1], layers[-1]
     if [_name(type(w)) for w in wrappers] != [name for name, _ in captured["vec"]] \
             or base.num_envs != len(captured["envs"]):

@@ -431,12 +431,21 @@ def resolve_wrappers(value: Any) -> list[tuple[type, dict[str, Any]]]:
 
 def import_wrapper(name: str) -> type:
     """Import a ``gym.Wrapper`` subclass by dotted path, only from :data:`WRAPPER_MODULES`."""
+    return _import_class(name, WRAPPER_MODULES, gym.Wrapper, "env_wrapper", "gymnasium.Wrapper")
+
+
+def _import_class(name: str, modules: tuple[str, ...], base: type, key: str, kind: str) -> type:
+    """The class at the dotted path ``name``, imported only from ``modules`` and only a subclass of ``base``;
+    ValueError naming ``key`` (the config key) and the ``kind`` of class expected otherwise."""
     module_name, _, class_name = name.rpartition(".")
-    if not module_name or not name.startswith(WRAPPER_MODULES):
-        raise ValueError(f"env_wrapper {name!r}: must be a class path under one of {WRAPPER_MODULES}")
-    cls = getattr(importlib.import_module(module_name), class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, gym.Wrapper)):
-        raise ValueError(f"env_wrapper {name!r} is not a gymnasium.Wrapper class")
+    if not module_name or not name.startswith(modules):
+        raise ValueError(f"{key} {name!r} must be the class path of a {kind} class under one of {modules}")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+    except ImportError:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ValueError(f"{key} {name!r} must be the class path of a {kind} class under one of {modules}")
     return cls
 
 
@@ -445,17 +454,7 @@ def import_buffer_class(name: str) -> type:
     :data:`BUFFER_MODULES`, and only a subclass of SB3's ``RolloutBuffer``."""
     from stable_baselines3.common.buffers import RolloutBuffer
 
-    module_name, _, class_name = name.rpartition(".")
-    cls = None
-    if module_name and name.startswith(BUFFER_MODULES):
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name, None)
-        except ImportError:
-            cls = None
-    if not (isinstance(cls, type) and issubclass(cls, RolloutBuffer)):
-        raise ValueError(f"rollout_buffer_class {name!r} must be the class path of a RolloutBuffer subclass under one "
-                         f"of {BUFFER_MODULES}, e.g. 'sb3_ppo_scale.PrioritizedRolloutBuffer'")
-    return cls
+    return _import_class(name, BUFFER_MODULES, RolloutBuffer, "rollout_buffer_class", "RolloutBuffer")
 
 
 # ------------------------------------------------------------------------------------------- envs and models
