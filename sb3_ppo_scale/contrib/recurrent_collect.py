@@ -37,7 +37,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.contrib.lstm import LstmStep
 from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, PolicyParts, direct, fusion_blocker
-from sb3_ppo_scale.core.lean_collect import to_host, warn_if_parts_replaced
+from sb3_ppo_scale.core.lean_collect import has_nan, stop_as_sb3_would, to_host, warn_if_parts_replaced
 from sb3_ppo_scale.core.lean_step import vec_env_step
 
 
@@ -127,10 +127,17 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
         with th.no_grad():
             obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
             episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
-            actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
-                                                          bool(self._last_episode_starts.any()))  # type: ignore[union-attr]
+            states_before = lstm_states  # contrib's distribution of this step: get_distribution(obs, states_before.pi, ...)
+            try:
+                actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
+                                                              bool(self._last_episode_starts.any()))  # type: ignore[union-attr]
+            except RuntimeError as error:  # NaN probabilities: contrib's distribution refuses NaN logits first
+                stop_as_sb3_would(lambda: self.policy.get_distribution(obs_tensor, lstm_states.pi, episode_starts), error)
+                raise
             host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
         actions = host_actions.numpy()
+        if box and has_nan(actions):
+            stop_as_sb3_would(lambda: self.policy.get_distribution(obs_tensor, states_before.pi, episode_starts))
 
         clipped_actions = actions
         if box:

@@ -16,6 +16,9 @@ number as it was:
 - on CUDA, the step's actions, values and log-probs reach the host with one wait for the GPU, not three
   (:func:`to_host`); callbacks still see the device tensors SB3's loop has; with ``cuda_graphs=True`` the policy
   call is replayed from a CUDA graph (:mod:`sb3_ppo_scale.core.inference_graph`);
+- torch's argument validation of the action distribution is not run at every step: a step whose Box actions hold
+  a NaN, or whose sampling fails, builds SB3's distribution for that step, which raises SB3's ``ValueError``
+  (:func:`stop_as_sb3_would`);
 - the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
   ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
   ``clipped_actions``, ``action_masks``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's
@@ -115,6 +118,37 @@ def warn_if_parts_replaced(model: OnPolicyAlgorithm, parts: PolicyParts) -> None
                       "calls (values changed in place are always seen)", stacklevel=3)
 
 
+def stop_as_sb3_would(sb3_distribution: Callable[[], Any], error: Exception | None = None) -> None:
+    """Raise what SB3's policy call raises at a step where the fused step's outputs are not numbers.
+
+    SB3 builds a torch ``Distribution`` with argument validation (torch's default), which refuses NaN means or
+    logits (a NaN observation, diverged weights) with a ``ValueError`` before anything is sampled; the fused step
+    validates nothing, so a Gaussian policy would send NaN actions to the envs and a categorical one fail later
+    in ``torch.multinomial``. The lean loops call this when a step's actions hold NaN or its sampling failed:
+    ``sb3_distribution()`` builds the step's distribution as SB3 does (no random draws: the RNG stays SB3's) and
+    its ``ValueError`` is raised; where it raises none (validation switched off), ``error``, if given, is raised again.
+    """
+    try:
+        with th.inference_mode():  # as the step ran (SB3 builds it under no_grad: the same values, no graph)
+            sb3_distribution()
+    except ValueError as refused:
+        raise refused from None
+    if error is not None:
+        raise error
+
+
+def sb3_distribution(policy: Any, obs: Any, action_masks: np.ndarray | None) -> Any:
+    """The action distribution SB3's (sb3-contrib's maskable) policy call builds for ``obs``: no random draws."""
+    if action_masks is None:
+        return policy.get_distribution(obs)
+    return policy.get_distribution(obs, action_masks=action_masks)
+
+
+def has_nan(actions: np.ndarray) -> bool:
+    """Whether a float action array holds a NaN (``np.isnan(actions).any()`` at half its cost)."""
+    return bool(np.count_nonzero(actions != actions))
+
+
 def bootstrap_time_limits(model: OnPolicyAlgorithm, rewards: np.ndarray, dones: np.ndarray, infos: list) -> None:
     """SB3's timeout handling: add ``gamma * V(terminal observation)`` to a truncated episode's last reward, one env
     at a time as SB3 does, visiting only the envs whose episode ended (SB3 tests ``done`` first)."""
@@ -162,9 +196,15 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
             obs_tensor = observation_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
             if action_masks_of is not None:
                 action_masks = action_masks_of(env)
-            actions, values, log_probs = act(obs_tensor, action_masks)
+            try:
+                actions, values, log_probs = act(obs_tensor, action_masks)
+            except RuntimeError as error:  # NaN probabilities: SB3's distribution refuses NaN logits first
+                stop_as_sb3_would(lambda: sb3_distribution(self.policy, obs_tensor, action_masks), error)
+                raise
             host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
         actions = host_actions.numpy()
+        if box and has_nan(actions):
+            stop_as_sb3_would(lambda: sb3_distribution(self.policy, obs_tensor, action_masks))
 
         clipped_actions = actions
         if box:
