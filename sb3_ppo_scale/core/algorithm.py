@@ -55,6 +55,7 @@ from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, p
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
 from sb3_ppo_scale.core.sampling import Loader, MicroBatch, MinibatchLoader
 from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.core.upstream import changed_upstream, collection_loop, update, upstream_method
 from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_blocker
 
 
@@ -178,6 +179,7 @@ class ScalableOnPolicyMixin:
         check_ppo_arguments(vars(self))
         check_net_arch(self.policy_kwargs)
         super()._setup_model()
+        self._warn_if_update_upstream_changed()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())
         self._rollout_stager: RolloutStager | None = None  # allocated by the first train(): loading allocates nothing
@@ -192,6 +194,16 @@ class ScalableOnPolicyMixin:
         self._collection: CollectionPolicy | None = None  # the policy's copy on _collect_device, made when needed
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
+
+    def _warn_if_update_upstream_changed(self) -> None:
+        """Warn when the installed algorithm's ``train()`` (or the minibatch layout) is not the code the update was
+        verified to reproduce: with default arguments its parameters may then differ from the algorithm's."""
+        changed = changed_upstream(update(algorithm_base(type(self))))
+        if changed is not None:
+            owner = upstream_method(algorithm_base(type(self)), "train").__qualname__
+            warnings.warn(f"{type(self).__name__}'s update performs {owner}'s operations as verified, but {changed}: "
+                          "with default arguments its parameters may no longer equal the upstream class's "
+                          "(docs/known-limits.md)", stacklevel=3)
 
     def _setup_lr_schedule(self) -> None:
         """SB3's, after turning ``learning_rate="kl_adaptive"`` into a :class:`KLAdaptiveLR` (at construction and
@@ -293,7 +305,7 @@ class ScalableOnPolicyMixin:
         (``_lean_reproduces``'s), and only for a policy it can run exactly (else a warning, once)."""
         if algorithm_base(type(self)).collect_rollouts is not self._lean_reproduces.collect_rollouts:
             return False
-        blocker = self._lean_blocker()
+        blocker = changed_upstream(collection_loop(self._lean_reproduces)) or self._lean_blocker()
         if blocker is not None:
             owner = next(base.__name__ for base in type(self).__mro__
                          if base.__module__.startswith(("sb3_contrib.", "stable_baselines3.")))

@@ -20,8 +20,9 @@ does, whether or not masks are given).
 
 Every output is bit-identical to ``policy(obs)`` and leaves the torch RNG in the same state; tests/test_lean_collect.py
 proves it per action space (tests/test_contrib_maskable.py for the masked policies). Distributions without a fused sampler (gSDE) use the policy's own distribution object;
-:func:`fusion_blocker` names what makes a policy unsafe to fuse (a custom policy class or forward, module hooks),
-and collection then runs SB3's loop.
+:func:`fusion_blocker` names what makes a policy unsafe to fuse (a custom policy class or forward, module hooks,
+installed SB3 / sb3-contrib / torch code other than the verified one: :mod:`sb3_ppo_scale.core.upstream`), and
+collection then runs SB3's loop.
 
 The step reads the parameters at construction time by reference: build one per rollout (parameters change only
 in ``train()``; an optimizer updates them in place).
@@ -51,6 +52,8 @@ from stable_baselines3.common.distributions import (
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import FlattenExtractor, MlpExtractor
+
+from sb3_ppo_scale.core.upstream import changed_upstream, policy_step
 
 Layer = Callable[[th.Tensor], th.Tensor]
 #: log(sqrt(2 pi)), the constant torch's Normal.log_prob subtracts
@@ -87,7 +90,7 @@ def fusion_blocker(policy: th.nn.Module, forward_classes: tuple[type, ...] = FOR
     hooked = [name for name, module in policy.named_modules() if module._forward_hooks or module._forward_pre_hooks]
     if hooked:
         return f"forward hooks on {hooked[0] or 'the policy'}"
-    return None
+    return changed_upstream(policy_step(reference, replaced, type(policy.action_dist)))
 
 
 def direct(layer: th.nn.Module) -> Layer:

@@ -21,7 +21,8 @@ these changes, which leave every value, dtype and side effect as they were:
   ``deepcopy(list)`` shares it;
 - ``VecNormalize`` skips the ``deepcopy`` of an observation array it normalises (the copy is dropped unread).
 
-Only the exact classes ``DummyVecEnv`` (array observations) and ``VecNormalize`` (array observations, plain
+The installed SB3's stepping code must be the verified one (:mod:`sb3_ppo_scale.core.upstream`; else ``env.step``,
+with a warning). Only the exact classes ``DummyVecEnv`` (array observations) and ``VecNormalize`` (array observations, plain
 ``RunningMeanStd`` statistics; over any VecEnv, which it steps with that env's ``step_async`` and ``step_wait``
 as SB3 does) take this path, and only without step methods replaced on the instance. Any other VecEnv, wrapper or
 subclass is stepped by its own ``step``. tests/test_lean_step.py compares every returned array and
@@ -31,6 +32,7 @@ the wrappers' state with SB3's stepping, through resets, truncations and termina
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
@@ -40,6 +42,8 @@ from gymnasium import spaces
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
+
+from sb3_ppo_scale.core.upstream import VEC_ENV_STEP, changed_upstream, resolve
 
 try:  # the ufunc np.clip ends in on NumPy 2 (numpy/_core/_methods.py: _clip)
     from numpy._core.umath import clip as _clip_ufunc
@@ -59,6 +63,10 @@ _REPLACED_METHODS = ("step", "step_async", "step_wait", "_normalize_obs", "norma
 def vec_env_step(env: VecEnv) -> VecStep:
     """The function that steps ``env`` exactly as ``env.step(actions)`` does: a lean one for ``DummyVecEnv`` and
     ``VecNormalize`` with array observations, ``env.step`` itself for anything else."""
+    changed = changed_upstream(resolve(VEC_ENV_STEP))
+    if changed is not None:
+        warnings.warn(f"SB3's VecEnv stepping runs as it is, not the lean step: {changed}", stacklevel=3)
+        return env.step
     return _lean_step(env) or env.step
 
 
