@@ -132,7 +132,8 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
                 actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
                                                               bool(self._last_episode_starts.any()))  # type: ignore[union-attr]
             except RuntimeError as error:  # NaN probabilities: contrib's distribution refuses NaN logits first
-                stop_as_sb3_would(lambda: self.policy.get_distribution(obs_tensor, lstm_states.pi, episode_starts), error)
+                stop_as_sb3_would(lambda: self.policy.get_distribution(obs_tensor, states_before.pi, episode_starts),
+                                  error)
                 raise
             host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
         actions = host_actions.numpy()

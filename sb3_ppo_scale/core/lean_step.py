@@ -63,11 +63,14 @@ _REPLACED_METHODS = ("step", "step_async", "step_wait", "_normalize_obs", "norma
 def vec_env_step(env: VecEnv) -> VecStep:
     """The function that steps ``env`` exactly as ``env.step(actions)`` does: a lean one for ``DummyVecEnv`` and
     ``VecNormalize`` with array observations, ``env.step`` itself for anything else."""
+    lean = _lean_step(env)
+    if lean is None:
+        return env.step
     changed = changed_upstream(resolve(VEC_ENV_STEP))
     if changed is not None:
         warnings.warn(f"SB3's VecEnv stepping runs as it is, not the lean step: {changed}", stacklevel=3)
         return env.step
-    return _lean_step(env) or env.step
+    return lean
 
 
 def _lean_step(env: VecEnv) -> VecStep | None:
