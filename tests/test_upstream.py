@@ -130,7 +130,8 @@ def test_a_changed_collect_rollouts_runs_the_installed_loop_and_says_so(tmp_path
 def test_a_changed_distribution_steps_the_fused_policy_and_evaluation_aside(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch release whose Normal.log_prob computes otherwise: collection and the update's evaluation use it."""
-    changed = _changed_upstream_method(tmp_path, th.distributions.Normal, "log_prob", "- log_scale", "- 0.9 * log_scale")
+    changed = _changed_upstream_method(tmp_path, th.distributions.Normal, "log_prob", "- log_scale",
+                                       "- 0.9 * log_scale")
     monkeypatch.setattr(th.distributions.Normal, "log_prob", changed)
     kwargs: dict[str, Any] = dict(n_steps=32, batch_size=16, n_epochs=2)
     reference = train_one(PPO, "Pendulum-v1", 64, "MlpPolicy", "cpu", **kwargs)

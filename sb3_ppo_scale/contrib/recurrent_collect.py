@@ -127,7 +127,7 @@ def collect_rollouts_recurrent_lean(self: OnPolicyAlgorithm, env: VecEnv, callba
         with th.no_grad():
             obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
             episode_starts = th.tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
-            states_before = lstm_states  # contrib's distribution of this step: get_distribution(obs, states_before.pi, ...)
+            states_before = lstm_states  # the step's distribution: get_distribution(obs, states_before.pi, ...)
             try:
                 actions, values, log_probs, lstm_states = act(obs_tensor, lstm_states, episode_starts,
                                                               bool(self._last_episode_starts.any()))  # type: ignore[union-attr]

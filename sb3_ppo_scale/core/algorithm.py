@@ -55,7 +55,7 @@ from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, p
 from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
 from sb3_ppo_scale.core.sampling import Loader, MicroBatch, MinibatchLoader
 from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
-from sb3_ppo_scale.core.upstream import changed_upstream, collection_loop, update, upstream_method
+from sb3_ppo_scale.core.upstream import changed_upstream, collection_loop, update
 from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_blocker
 
 
@@ -198,10 +198,11 @@ class ScalableOnPolicyMixin:
     def _warn_if_update_upstream_changed(self) -> None:
         """Warn when the installed algorithm's ``train()`` (or the minibatch layout) is not the code the update was
         verified to reproduce: with default arguments its parameters may then differ from the algorithm's."""
-        changed = changed_upstream(update(algorithm_base(type(self))))
+        train, *layout = update(algorithm_base(type(self)))
+        changed = changed_upstream((train, *layout))
         if changed is not None:
-            owner = upstream_method(algorithm_base(type(self)), "train").__qualname__
-            warnings.warn(f"{type(self).__name__}'s update performs {owner}'s operations as verified, but {changed}: "
+            warnings.warn(f"{type(self).__name__}'s update performs {train.__qualname__}'s operations as verified, "
+                          f"but {changed}: "
                           "with default arguments its parameters may no longer equal the upstream class's "
                           "(docs/known-limits.md)", stacklevel=3)
 

@@ -61,12 +61,13 @@ _IGNORED_FIELDS = frozenset({"annotation", "returns", "type_comment"})
 #: The fused policy step's building blocks (core/inference.py, contrib/lstm.py), whatever the distribution.
 POLICY_LAYERS: References = (
     (MlpExtractor, "forward"), (MlpExtractor, "forward_actor"), (MlpExtractor, "forward_critic"),
-    (FlattenExtractor, "forward"), (preprocessing, "preprocess_obs"), (th.nn.Linear, "forward"), (th.nn.Tanh, "forward"),
-    (th.nn.ReLU, "forward"), (th.nn.Flatten, "forward"), (th.nn.LSTM, "forward"),
+    (FlattenExtractor, "forward"), (preprocessing, "preprocess_obs"), (th.nn.Linear, "forward"),
+    (th.nn.Tanh, "forward"), (th.nn.ReLU, "forward"), (th.nn.Flatten, "forward"), (th.nn.LSTM, "forward"),
 )
 #: SB3 distribution class -> (its torch distribution class, module-level helpers its methods call).
 TORCH_DISTRIBUTIONS: dict[type, tuple[type, References]] = {
-    sb3_distributions.DiagGaussianDistribution: (th.distributions.Normal, ((sb3_distributions, "sum_independent_dims"),)),
+    sb3_distributions.DiagGaussianDistribution: (th.distributions.Normal,
+                                                 ((sb3_distributions, "sum_independent_dims"),)),
     sb3_distributions.CategoricalDistribution: (th.distributions.Categorical, ()),
     sb3_distributions.MultiCategoricalDistribution: (th.distributions.Categorical, ()),
     sb3_distributions.BernoulliDistribution: (th.distributions.Bernoulli, ()),

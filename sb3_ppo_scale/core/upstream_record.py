@@ -38,10 +38,10 @@ from sb3_ppo_scale.core.upstream import (
 
 def everything_reproduced() -> list[Function]:
     """Every upstream function any exact path names, for the installed packages (the record's entries)."""
-    policy_methods = [upstream_method(ActorCriticPolicy, name) for name in (*REPLACED_METHODS, "evaluate_actions")]
-    policy_methods += [upstream_method(MaskableActorCriticPolicy, name) for name in (*REPLACED_METHODS, "evaluate_actions")]
-    policy_methods += [upstream_method(RecurrentActorCriticPolicy, name)
-                       for name in (*REPLACED_METHODS, "evaluate_actions", "_process_sequence")]
+    replaced = (*REPLACED_METHODS, "evaluate_actions")
+    policy_methods = [upstream_method(policy, name) for policy in (ActorCriticPolicy, MaskableActorCriticPolicy)
+                      for name in replaced]
+    policy_methods += [upstream_method(RecurrentActorCriticPolicy, name) for name in (*replaced, "_process_sequence")]
     functions = [*policy_methods, *resolve(POLICY_LAYERS), *resolve(VEC_ENV_STEP), *resolve(COLLECTION_PARTS),
                  *(function for parts in UPDATE_PARTS.values() for function in resolve(parts))]
     functions += [function for distribution in TORCH_DISTRIBUTIONS for function in distribution_functions(distribution)]
@@ -67,7 +67,8 @@ def record(path: Path = Path(upstream_verified.__file__)) -> int:
             versions[package].append(installed)
     header = (upstream_verified.__doc__ or "").strip()
     path.write_text(f'"""{header}\n"""\n\nVERIFIED_WITH = {pprint.pformat(versions, width=116)}\n\n'
-                    f"FINGERPRINTS = {pprint.pformat({k: tuple(v) for k, v in sorted(fingerprints.items())}, width=116)}\n")
+                    f"FINGERPRINTS = {pprint.pformat({k: tuple(v) for k, v in sorted(fingerprints.items())}, width=116)}"
+                    "\n")
     return added
 
 
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sb3_ppo_scale.core.upstream_record", description=(
         "Add the installed SB3, sb3-contrib and torch functions that sb3-ppo-scale's exact paths reproduce to the "
         "record (after the parity tests passed on them); --check only lists those not recorded."))
-    parser.add_argument("--check", action="store_true", help="list the reproduced functions not recorded; write nothing")
+    parser.add_argument("--check", action="store_true",
+                        help="list the reproduced functions not recorded; write nothing")
     args = parser.parse_args(argv)
     if not args.check:
         print(f"{record()} fingerprints added to {upstream_verified.__file__}")
