@@ -81,6 +81,11 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         ({"base": {"n_steps": 64, "learning_rat": 1e-3}}, r"spec.base: unknown key\(s\) \['learning_rat'\]"),
         ({"base": {"n_steps": 64, "policy": "MlpLstmPolicy"}}, r"spec.base.policy must be one of \('MlpPolicy', "
                                                                 r"'CnnPolicy', 'MultiInputPolicy'\), got 'MlpLstmPolicy'"),
+        # values no trial can train with: errors before any trial, not a failed trial and its traceback
+        ({"base": {"n_steps": 64, "n_envs": 2, "gamma": "abc"}}, r"spec.base: gamma must be a number in \[0, 1\], got 'abc'"),
+        ({"base": {"n_steps": "abc", "n_envs": 2}}, r"spec.base: n_steps must be an int >= 1, got 'abc'"),
+        ({"base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [0]}}},
+         r"spec.base: policy_kwargs\['net_arch'\] layer sizes must be ints >= 1"),
     ],
 )
 def test_bad_spec_is_a_value_error(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -96,6 +101,11 @@ def test_bad_spec_is_a_value_error(tmp_path: Path, change: dict[str, Any], messa
         ("n_epochs", {"type": "int", "low": 3, "high": 10, "schedule": "linear"}, "needs type float"),
         ("batch_size", {"type": "pow2", "low": 48, "high": 128}, "must be a power of two"),
         ("not_an_arg", {"type": "float", "low": 0, "high": 1}, r"spec.space: unknown key\(s\) \['not_an_arg'\]"),
+        ("n_epochs", {"type": "int", "low": 0, "high": 4}, r"spec.space.n_epochs.low: n_epochs must be an int >= 1, got 0"),
+        ("gae_lambda", {"type": "float", "low": 0.9, "high": 1.5},
+         r"spec.space.gae_lambda.high: gae_lambda must be a number in \[0, 1\], got 1.5"),
+        ("clip_range", {"type": "categorical", "choices": [0.2, -0.1]}, r"spec.space.clip_range.choices\[1\]: clip_range "
+                                                                        r"must be a number > 0"),
     ],
 )
 def test_bad_search_space_is_a_value_error(tmp_path: Path, param: str, entry: dict[str, Any], message: str) -> None:

@@ -45,10 +45,12 @@ from typing import Any
 
 import yaml
 
+from sb3_ppo_scale.core.checks import check_net_arch, check_ppo_arguments
+from sb3_ppo_scale.core.lr import resolve_learning_rate
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
-from sb3_ppo_scale.experiments.zoo import check_env_id
+from sb3_ppo_scale.experiments.zoo import check_env_id, parse_model_kwargs
 
 TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
             "sampler", "pruner", "n_trials", "noise_repeats", "decay_repeats", "storage",
@@ -300,7 +302,22 @@ def _check_base(raw: Any) -> dict[str, Any]:
         if "activation_fn" in kwargs:
             _choice(kwargs["activation_fn"], ACTIVATIONS, "spec.base.policy_kwargs.activation_fn")
         base["policy_kwargs"] = kwargs
+    _check_arguments({k: v for k, v in base.items() if k not in EXTRA_BASE_KEYS | {"policy"}}, "spec.base")
     return base
+
+
+def _check_arguments(arguments: dict[str, Any], where: str) -> None:
+    """ValueError (prefixed with ``where``) for a ScalablePPO argument value no trial could train with, parsed as a
+    trial parses it (:func:`~sb3_ppo_scale.experiments.zoo.parse_model_kwargs`): PPO's numeric arguments
+    (:func:`~sb3_ppo_scale.core.checks.check_ppo_arguments`), the learning rate and ``policy_kwargs.net_arch``."""
+    try:
+        kwargs = parse_model_kwargs(arguments)
+        check_ppo_arguments(kwargs)
+        if "learning_rate" in kwargs:
+            resolve_learning_rate(kwargs["learning_rate"])
+        check_net_arch(kwargs.get("policy_kwargs"))
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 def _check_space(raw: Any, base: dict[str, Any]) -> tuple[ParamSpec, ...]:
@@ -350,6 +367,8 @@ def _check_param(name: str, raw: Any) -> ParamSpec:
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
             raise ValueError(f"{where}.choices must be a non-empty list for type categorical, got {choices!r}")
+        for index, choice in enumerate(choices):
+            _check_arguments({name: choice}, f"{where}.choices[{index}]")
         return ParamSpec(name, kind, choices=tuple(choices))
     if "low" not in raw or "high" not in raw:
         raise ValueError(f"{where} needs both low and high for type {kind!r}")
@@ -369,6 +388,8 @@ def _check_param(name: str, raw: Any) -> ParamSpec:
         for key, value in (("low", low), ("high", high)):
             if value & (value - 1):
                 raise ValueError(f"{where}.{key} must be a power of two for type pow2, got {value}")
+    for key, value in (("low", low), ("high", high)):  # the ends of the range are sampled values too
+        _check_arguments({name: value}, f"{where}.{key}")
     return ParamSpec(name, kind, low=low, high=high, log=log, step=raw.get("step"), schedule=schedule)
 
 
