@@ -130,6 +130,16 @@ def test_unreachable_storage_fails_before_any_trial(tmp_path: Path, capsys: pyte
     assert not (tmp_path / "out").exists()  # nothing was trained or written
 
 
+def test_missing_database_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL whose driver is not installed names the driver and how to install it (Optuna re-raises the driver's
+    ModuleNotFoundError as a plain ImportError that names none)."""
+    monkeypatch.setitem(sys.modules, "pymysql", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"storage 'mysql\+pymysql://user:\*\*\*@127.0.0.1:9/none' needs the Python "
+                                         r"driver 'pymysql'; install it .*pip install pymysql") as error:
+        open_storage("mysql+pymysql://user:secret@127.0.0.1:9/none")
+    assert "secret" not in str(error.value)
+
+
 def test_unknown_env_in_yaml_is_reported_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_spec(tmp_path, tiny_spec(tmp_path, envs=["CartPole-v1", "Nope-v0"]))
     assert cli_main(["tune", str(path)]) == 2

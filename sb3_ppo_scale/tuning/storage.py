@@ -84,10 +84,14 @@ def _open_rdb(storage: str) -> RDBStorage:
                 grace_period=GRACE_PERIOD_S,
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
             )
-    except ModuleNotFoundError as error:
+    except ImportError as error:  # Optuna re-raises the driver's ModuleNotFoundError as a plain ImportError
+        missing = error if isinstance(error, ModuleNotFoundError) else error.__cause__
+        name = getattr(missing, "name", None)
+        driver = f"the Python driver {name!r}" if name else "a Python driver it lacks"
         raise ValueError(
-            f"storage {_redact(storage)!r} needs the Python driver {error.name!r}; install it "
-            "(PostgreSQL: pip install 'psycopg[binary]', MySQL: pip install pymysql and use mysql+pymysql://)"
+            f"storage {_redact(storage)!r} needs {driver}; install it "
+            "(PostgreSQL: pip install 'psycopg[binary]' and use postgresql+psycopg://, MySQL: pip install pymysql "
+            "and use mysql+pymysql://)"
         ) from None
     except Exception as error:  # SQLAlchemy wraps driver errors in many classes
         raise ValueError(f"storage {_redact(storage)!r} cannot be reached: {str(error).splitlines()[0]}") from None
