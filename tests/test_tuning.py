@@ -325,6 +325,45 @@ def test_three_seed_study_with_dummy_and_noise_repeats_end_to_end(tmp_path: Path
         "done": 2, "planned": 2}
 
 
+def test_a_stopped_trial_is_one_line_without_a_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM mid-trial in a worker (Ctrl-C / kill -TERM, the documented way to end a session): the worker says in one
+    line which trial it stopped and re-queued; Optuna's warnings that the trial failed, with the traceback of the
+    stop, are not printed (they were, once per worker)."""
+    import logging
+    import signal
+
+    from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
+    from sb3_ppo_scale.tuning import objective, preemption
+    from sb3_ppo_scale.tuning.runner import open_study, run_worker
+
+    def stopped_mid_trial(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded by the worker's handler
+        preemption.check()  # what the trial's next env step does
+        raise AssertionError("the signal did not stop the trial")
+
+    monkeypatch.setattr(objective, "train_and_evaluate", stopped_mid_trial)
+    monkeypatch.setattr(preemption, "_received", [])  # this process's record of signals, restored afterwards
+    path = write_spec(tmp_path, tiny_spec(tmp_path))
+    spec = load_spec(path)
+    storage = resolve_storage(spec)
+    open_study(spec, "CartPole-v1", storage)
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler()
+    collector.emit = records.append  # type: ignore[method-assign]
+    optuna_logger = logging.getLogger("optuna.study._optimize")  # where Optuna logs a failed trial
+    optuna_logger.addHandler(collector)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run_worker(spec, "CartPole-v1", storage, n_trials=1, total=1)
+    finally:
+        optuna_logger.removeHandler(collector)
+    assert stop.value.code == PREEMPTED_EXIT_CODE
+    assert [record.getMessage() for record in records] == []
+    assert "stopped by SIGTERM: trial(s) [0] failed, re-queued [0]" in capsys.readouterr().err
+    assert [t.state for t in load_trials(path)] == [TrialState.FAIL, TrialState.WAITING]  # failed, re-queued
+
+
 def test_two_worker_processes_finish_exactly_n_trials(tmp_path: Path) -> None:
     path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=128))
     process = run_cli("tune", str(path), "--workers", "2", "--n-trials", "6")

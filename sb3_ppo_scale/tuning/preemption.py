@@ -1,7 +1,8 @@
 """Preemption of a tuning worker: SIGTERM or SIGINT fails the running trial, re-queues its parameters and exits.
 
 A worker that receives SIGTERM or SIGINT stops its trial at the next env step of the training in progress (or
-between trials): Optuna records the trial as FAIL (user attribute ``preempted``: the signal's name), its parameters
+between trials): Optuna records the trial as FAIL (user attribute ``preempted``: the signal's name; Optuna's warning
+with the traceback of that stop is not printed, see :func:`quiet_after_stop`), its parameters
 are enqueued again (``retry_of``: its number, as for a killed worker's trial, at most
 :data:`~sb3_ppo_scale.tuning.storage.MAX_RETRY` times) and the worker exits with
 :data:`~sb3_ppo_scale.checkpoint.PREEMPTED_EXIT_CODE` (75). Re-running the same ``tune`` command continues the study:
@@ -14,6 +15,7 @@ have stopped. A worker killed outright (SIGKILL, or a signal before its handler 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -28,6 +30,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PREEMPTED_ATTR = "preempted"
 
 _received: list[int] = []  #: signals this process received while :func:`handling` was active
+#: Optuna's logger of failed trials: it warns with the full traceback of the exception that failed a trial
+OPTUNA_TRIAL_LOGGER = "optuna.study._optimize"
 
 
 class TrialPreempted(Exception):
@@ -64,11 +68,21 @@ def handling(forward_to: Callable[[], list[int]] | None = None) -> Iterator[None
             previous[signum] = signal.signal(signum, record)
     except ValueError:  # not the main thread: signals are the caller's business
         pass
+    optuna_logger = logging.getLogger(OPTUNA_TRIAL_LOGGER)
+    optuna_logger.addFilter(quiet_after_stop)
     try:
         yield
     finally:
+        optuna_logger.removeFilter(quiet_after_stop)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def quiet_after_stop(record: logging.LogRecord) -> bool:
+    """Logging filter on Optuna's trial logger while :func:`handling` is active: once a stop signal arrived, its
+    warnings (the trial the signal stopped "failed", with the traceback of :class:`TrialPreempted`) are dropped; the
+    worker says in one line which trial it stopped and re-queued."""
+    return received() is None
 
 
 def check() -> None:
