@@ -140,6 +140,35 @@ def test_missing_database_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> No
     assert "secret" not in str(error.value)
 
 
+def test_resuming_a_study_with_another_spec_is_refused(tmp_path: Path) -> None:
+    """A study is resumed only by a spec that measures what its trials measured: another base argument, range,
+    objective, seed or sampler seed is an error naming each difference (they were silently mixed into the study, and
+    its stored objective overwritten); more trials or repeats, and another device, resume it."""
+    import copy
+
+    from sb3_ppo_scale.tuning.runner import open_study
+
+    raw = tiny_spec(tmp_path, noise_repeats=1)
+    storage = resolve_storage(spec_from_dict(raw))
+    open_study(spec_from_dict(raw), "CartPole-v1", storage).add_trial(optuna.trial.create_trial(value=1.0))
+    changed = copy.deepcopy(raw)
+    changed["base"]["gamma"] = 0.9
+    changed["space"]["clip_range"]["high"] = 0.4
+    changed["evaluation"]["objective"] = "final"
+    changed["sampler"]["seed"] = 3
+    with pytest.raises(ValueError, match=r"study 'tiny:CartPole-v1' in .* was run with another spec \(base.gamma: unset "
+                                         r"-> 0.9; evaluation.objective: 'auc' -> 'final'; sampler.seed: 0 -> 3; "
+                                         r"space.clip_range.high: 0.3 -> 0.4\); resume it with the spec it was run with"):
+        open_study(spec_from_dict(changed), "CartPole-v1", storage)
+    with pytest.raises(ValueError, match=r"another spec \(seed: 0 -> 5\)"):
+        open_study(spec_from_dict({**raw, "seed": 5}), "CartPole-v1", storage)
+    same = copy.deepcopy(raw)
+    same.update(n_trials=8, noise_repeats=2)
+    same["base"]["device"] = "cpu"
+    study = open_study(spec_from_dict(same), "CartPole-v1", storage)
+    assert study.user_attrs["objective"] == "auc" and study.user_attrs["planned_trials"] == 8
+
+
 def test_unknown_env_in_yaml_is_reported_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_spec(tmp_path, tiny_spec(tmp_path, envs=["CartPole-v1", "Nope-v0"]))
     assert cli_main(["tune", str(path)]) == 2

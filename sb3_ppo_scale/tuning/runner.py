@@ -12,6 +12,7 @@ one database overshoot by at most (all their workers - 1). One line is printed p
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import signal
 import sys
@@ -98,6 +99,44 @@ def study_budget(spec: StudySpec) -> dict[str, Any]:
     }
 
 
+def study_definition(spec: StudySpec) -> dict[str, Any]:
+    """What a trial's value means beyond its budget, keyed as in the spec (stored on the study; a resumed study must
+    match it): the fixed arguments (``base``, except ``device``: moving a study to other hardware is allowed), each
+    searched range and schedule, the objective, the seeds and the sampler's and pruner's settings. Not in it: what
+    may change between sessions (``n_trials``, ``noise_repeats``, ``decay_repeats``, ``storage``, ``output_dir``)."""
+    space = {p.name: {"type": p.type, "low": p.low, "high": p.high, "log": p.log, "step": p.step,
+                      "choices": list(p.choices), "schedule": p.schedule} for p in spec.space}
+    definition = {"base": {k: v for k, v in spec.base.items() if k != "device"}, "space": space,
+                  "evaluation": {"objective": spec.evaluation.objective}, "seed": spec.seed,
+                  "sampler": {"seed": spec.sampler.get("seed")}, "pruner": {"name": spec.pruner.get("name")}}
+    return json.loads(json.dumps(definition, default=str))  # as the storage returns it (lists, not tuples)
+
+
+def definition_changes(stored: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """``"key: stored -> asked"`` for every dotted spec key (``base.gamma``) whose value differs; ``unset`` for a
+    missing key."""
+    flat_stored, flat_asked = _flatten(stored), _flatten(asked)
+    missing = object()
+    changes = []
+    for key in sorted(flat_stored.keys() | flat_asked.keys()):
+        old, new = flat_stored.get(key, missing), flat_asked.get(key, missing)
+        if old != new:
+            changes.append(f"{key}: {'unset' if old is missing else repr(old)} -> {'unset' if new is missing else repr(new)}")
+    return changes
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+#: Study user attribute: :func:`study_definition` of the spec that ran the study.
+DEFINITION_ATTR = "definition"
 #: Study user attributes naming the plan: sampled trials asked for, noise and decay repeats, dummy parameters.
 PLANNED_ATTR, NOISE_REPEATS_ATTR, DECAY_REPEATS_ATTR = "planned_trials", "noise_repeats", "decay_repeats"
 DUMMIES_ATTR = "dummies"
@@ -109,8 +148,10 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
     """Create or load the env's study (maximize) with the spec's sampler and pruner; record the plan (``planned``
     sampled trials, default the spec's ``n_trials``; its noise repeats and dummy parameters) on it.
 
-    A study that already holds trials measured with another budget (e.g. an earlier ``--n-timesteps``) or over
-    other parameters (e.g. a dummy added later) is not resumed: ValueError naming both.
+    A study that already holds trials measured with another budget (e.g. an earlier ``--n-timesteps``), over other
+    parameters (e.g. a dummy added later) or with another :func:`study_definition` (e.g. ``--set base.gamma=0.9``,
+    another range or objective) is not resumed: ValueError naming the differences. A study written before the
+    definition was stored gets it now, unchecked.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
@@ -127,10 +168,16 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
     if stored_space and stored_space != space and has_trials:
         raise ValueError(f"study {study.study_name!r} in {storage} searched other parameters (stored: "
                          f"{sorted(stored_space)}, asked: {sorted(space)}); use another --storage to start a new study")
+    definition, stored_definition = study_definition(spec), study.user_attrs.get(DEFINITION_ATTR)
+    changes = definition_changes(stored_definition, definition) if stored_definition and has_trials else []
+    if changes:
+        raise ValueError(f"study {study.study_name!r} in {storage} was run with another spec ({'; '.join(changes)}); "
+                         "resume it with the spec it was run with, or use another --storage to start a new study")
     study.set_user_attr("env_id", env_id)
     study.set_user_attr("objective", spec.evaluation.objective)
     study.set_user_attr("space", space)
     study.set_user_attr("budget", budget)
+    study.set_user_attr(DEFINITION_ATTR, definition)
     study.set_user_attr(PLANNED_ATTR, spec.n_trials if planned is None else planned)
     study.set_user_attr(NOISE_REPEATS_ATTR, spec.noise_repeats)
     study.set_user_attr(DECAY_REPEATS_ATTR, spec.decay_repeats)
