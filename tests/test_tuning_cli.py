@@ -133,6 +133,14 @@ def test_report_keeps_committed_results(tmp_path: Path, capsys: pytest.CaptureFi
     assert (out / "report.md").read_text() == "committed\n"
     assert cli.main(["report", str(journal), "--out", str(out), "--bootstrap", "0", "--overwrite"]) == 0
     assert (out / "report.md").read_text().startswith("# PPO hyperparameter sensitivity")
+    capsys.readouterr()
+    # --storage replaces a spec's storage; beside a journal it would be ignored (it was, silently): an error
+    assert cli.main(["report", str(journal), "--storage", str(tmp_path / "other.journal"), "--out", str(tmp_path / "o"),
+                     "--bootstrap", "0"]) == 2
+    assert capsys.readouterr().err == (f"sb3-ppo-scale report: error: --storage replaces a spec's storage, so it needs "
+                                       f"spec sources (.yaml); got the storage(s) {[str(journal)]}: name the storage to "
+                                       "read as SPEC_OR_STUDY instead\n")
+    assert not (tmp_path / "o").exists()
 
 
 def test_small_study_rule() -> None:

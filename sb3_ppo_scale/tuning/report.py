@@ -117,6 +117,10 @@ def report_command(source: str | list[str], out: str | Path | None = None, stora
     sources = [source] if isinstance(source, str) else list(source)
     if not sources:
         raise ValueError("report needs at least one SPEC_OR_STUDY")
+    not_specs = [s for s in sources if not s.endswith((".yaml", ".yml"))]
+    if storage is not None and not_specs:
+        raise ValueError(f"--storage replaces a spec's storage, so it needs spec sources (.yaml); got the storage(s) "
+                         f"{not_specs}: name the storage to read as SPEC_OR_STUDY instead")
     out = default_out(sources) if out is None else Path(out)
     located = [_resolve_source(s, storage) for s in sources]
     located = _select(located, studies)
