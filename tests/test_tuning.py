@@ -86,6 +86,8 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         ({"base": {"n_steps": "abc", "n_envs": 2}}, r"spec.base: n_steps must be an int >= 1, got 'abc'"),
         ({"base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [0]}}},
          r"spec.base: policy_kwargs\['net_arch'\] layer sizes must be ints >= 1"),
+        ({"seed": -1}, r"spec.seed must be an int >= 0, got -1"),  # numpy's error, after a failed trial
+        ({"sampler": {"name": "sobol", "seed": -1}}, r"spec.sampler.seed must be an int >= 0, got -1"),
     ],
 )
 def test_bad_spec_is_a_value_error(tmp_path: Path, change: dict[str, Any], message: str) -> None:

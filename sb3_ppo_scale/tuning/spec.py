@@ -6,7 +6,7 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 - ``mode``: ``sensitivity`` (default; random or Sobol sampling, no pruning: global importance) or ``search``
   (TPE, optional median pruning: finds a good configuration, importance from it is biased).
 - ``envs`` (list of Gymnasium ids), ``timesteps`` (env steps per trial and seed, default 50 000),
-  ``seeds_per_trial`` (default 1; every trial trains with seeds ``seed, seed + 1, ...``; ``seed`` default 0).
+  ``seeds_per_trial`` (default 1; every trial trains with seeds ``seed, seed + 1, ...``; ``seed``: an int >= 0, default 0).
 - ``evaluation``: ``eval_freq`` (env steps between evaluations, default ``timesteps // 5``), ``n_episodes``
   (default 5), ``deterministic`` (default true), ``objective``: ``auc`` (default; mean of the evaluation returns over
   the run = area under the evaluation curve / timesteps) or ``final`` (mean return of the last evaluation).
@@ -24,7 +24,7 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 - ``decay_repeats`` (int, 0 to ``noise_repeats``, default 0): trials of the centre configuration whose
   ``learning_rate`` (searched, constant) decays linearly to 0 instead; decay repeat k trains with noise repeat k's
   seeds, so each pair measures what linear decay changes (the "use linear decay" advice). On top of ``n_trials`` too.
-- ``sampler``: ``{name: random|sobol|tpe, seed}`` (default sobol for sensitivity, tpe for search);
+- ``sampler``: ``{name: random|sobol|tpe, seed}`` (seed: an int >= 0) (default sobol for sensitivity, tpe for search);
   ``pruner``: ``{name: none|median}`` (median only in search mode).
 - ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
   journal file path; or an RDB URL such as ``postgresql://user:pw@host/db``), ``output_dir`` (default
@@ -223,7 +223,7 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         mode=mode,
         timesteps=timesteps,
         seeds_per_trial=_positive_int(raw.get("seeds_per_trial", 1), "spec.seeds_per_trial"),
-        seed=_int(raw.get("seed", 0), "spec.seed"),
+        seed=_non_negative_int(raw.get("seed", 0), "spec.seed"),
         base=base,
         sampler=_check_sampler(raw.get("sampler") or {}, mode),
         pruner=_check_pruner(raw.get("pruner") or {}, mode),
@@ -402,7 +402,7 @@ def _check_sampler(raw: Any, mode: str) -> dict[str, Any]:
     if name not in allowed:
         why = " (TPE concentrates samples near good points, which biases global importance)" if name == "tpe" else ""
         raise ValueError(f"spec.sampler.name must be one of {allowed} in {mode} mode, got {name!r}{why}")
-    return {"name": name, "seed": _int(raw.get("seed", 0), "spec.sampler.seed")}
+    return {"name": name, "seed": _non_negative_int(raw.get("seed", 0), "spec.sampler.seed")}
 
 
 def _check_pruner(raw: Any, mode: str) -> dict[str, Any]:
