@@ -108,6 +108,18 @@ def test_bad_spec_is_a_value_error(tmp_path: Path, change: dict[str, Any], messa
          r"spec.space.gae_lambda.high: gae_lambda must be a number in \[0, 1\], got 1.5"),
         ("clip_range", {"type": "categorical", "choices": [0.2, -0.1]}, r"spec.space.clip_range.choices\[1\]: clip_range "
                                                                         r"must be a number > 0"),
+        # keys a type would ignore, and steps Optuna would refuse in a trial or quietly narrow the range to
+        ("batch_size", {"type": "pow2", "low": 64, "high": 128, "step": 2},
+         r"spec.space.batch_size: \['step'\] would be ignored for type 'pow2'"),
+        ("clip_range", {"type": "float", "low": 0.1, "high": 0.3, "choices": [0.2]},
+         r"spec.space.clip_range: \['choices'\] would be ignored for type 'float'"),
+        ("n_epochs", {"type": "int", "low": 3, "high": 10, "step": 0}, r"spec.space.n_epochs.step must be an int > 0, got 0"),
+        ("clip_range", {"type": "float", "low": 0.1, "high": 0.3, "step": "abc"},
+         r"spec.space.clip_range.step must be a number > 0, got 'abc'"),
+        ("learning_rate", {"type": "float", "low": 1e-4, "high": 3e-4, "log": True, "step": 1e-5},
+         r"spec.space.learning_rate: step cannot be combined with log: true"),
+        ("n_epochs", {"type": "int", "low": 3, "high": 10, "step": 2},
+         r"spec.space.n_epochs: high - low must be a multiple of step 2, got low=3, high=10 \(Optuna would search up to 9"),
     ],
 )
 def test_bad_search_space_is_a_value_error(tmp_path: Path, param: str, entry: dict[str, Any], message: str) -> None:

@@ -14,7 +14,10 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
   ``normalize`` (VecNormalize on observations and rewards, default false). ``policy_kwargs.activation_fn`` is a
   name (tanh, relu, elu, leaky_relu, ...: :data:`sb3_ppo_scale.experiments.pipeline.ACTIVATIONS`).
 - ``space``: ScalablePPO argument -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
-  ``schedule: linear`` (floats only) decays the value linearly to 0 over training. An entry of ``type: dummy`` (any
+  ``choices`` for categorical only, ``low``/``high`` for the others, ``log`` and ``step`` (> 0, dividing ``high - low``,
+  not with ``log``) for float and int (a key the type would ignore is an error); ``schedule: linear`` (floats only)
+  decays the value linearly to 0 over training. The ends of each range (and each choice) must be values ScalablePPO
+  accepts. An entry of ``type: dummy`` (any
   name that is not a ScalablePPO argument, e.g. ``dummy: {type: dummy}``) is a **noise-floor parameter**: a float in
   [``low``, ``high``] (default [0, 1]) sampled like the others and never passed to training, so its importance is
   what seed noise alone produces (:mod:`sb3_ppo_scale.tuning.noise`).
@@ -37,13 +40,15 @@ as ``base.n_envs=2``) and ``--n-timesteps`` (:func:`shrink`, keeps the number of
 
 from __future__ import annotations
 
-import math
 import copy
+import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from optuna.distributions import FloatDistribution, IntDistribution
 
 from sb3_ppo_scale.core.checks import check_net_arch, check_ppo_arguments
 from sb3_ppo_scale.core.lr import resolve_learning_rate
@@ -57,6 +62,9 @@ TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "eva
             "output_dir"}
 EVAL_KEYS = {"eval_freq", "n_episodes", "deterministic", "objective"}
 PARAM_KEYS = {"type", "low", "high", "log", "step", "choices", "schedule"}
+#: Keys of a searched parameter that its type has no use for (an error rather than ignored).
+UNUSED_PARAM_KEYS = {"float": {"choices"}, "int": {"choices"}, "pow2": {"log", "step", "choices"},
+                     "categorical": {"low", "high", "log", "step"}}
 MODES = ("sensitivity", "search")
 OBJECTIVES = ("auc", "final")
 SAMPLERS = {"sensitivity": ("random", "sobol"), "search": ("tpe", "random", "sobol")}
@@ -363,6 +371,10 @@ def _check_param(name: str, raw: Any) -> ParamSpec:
     schedule = _choice(raw.get("schedule", "constant"), SCHEDULES, f"{where}.schedule")
     if schedule != "constant" and kind != "float":
         raise ValueError(f"{where}.schedule={schedule!r} needs type float, got type {kind!r}")
+    unused = sorted(set(raw) & UNUSED_PARAM_KEYS[kind])
+    if unused:
+        raise ValueError(f"{where}: {unused} would be ignored for type {kind!r}; its keys: "
+                         f"{sorted(PARAM_KEYS - UNUSED_PARAM_KEYS[kind])}")
     if kind == "categorical":
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -388,9 +400,28 @@ def _check_param(name: str, raw: Any) -> ParamSpec:
         for key, value in (("low", low), ("high", high)):
             if value & (value - 1):
                 raise ValueError(f"{where}.{key} must be a power of two for type pow2, got {value}")
+    step = raw.get("step")
+    if step is not None:
+        _check_step(where, kind, low, high, log, step)
     for key, value in (("low", low), ("high", high)):  # the ends of the range are sampled values too
         _check_arguments({name: value}, f"{where}.{key}")
-    return ParamSpec(name, kind, low=low, high=high, log=log, step=raw.get("step"), schedule=schedule)
+    return ParamSpec(name, kind, low=low, high=high, log=log, step=step, schedule=schedule)
+
+
+def _check_step(where: str, kind: str, low: float, high: float, log: bool, step: Any) -> None:
+    """``step`` of a float or int range: a number (int for type int) > 0, without ``log``, that divides
+    ``high - low`` (Optuna would otherwise narrow the range to the last step below ``high``, with a warning)."""
+    number = (int, float) if kind == "float" else (int,)
+    if isinstance(step, bool) or not isinstance(step, number) or step <= 0:
+        raise ValueError(f"{where}.step must be {'a number' if kind == 'float' else 'an int'} > 0, got {step!r}")
+    if log:
+        raise ValueError(f"{where}: step cannot be combined with log: true (Optuna samples a log range continuously)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's warning that it narrows the range: an error here instead
+        searched = (FloatDistribution if kind == "float" else IntDistribution)(low, high, step=step).high
+    if searched != high:
+        raise ValueError(f"{where}: high - low must be a multiple of step {step}, got low={low}, high={high} (Optuna "
+                         f"would search up to {searched} only)")
 
 
 def _check_sampler(raw: Any, mode: str) -> dict[str, Any]:
