@@ -183,6 +183,21 @@ def test_resuming_a_study_with_another_spec_is_refused(tmp_path: Path) -> None:
     assert study.user_attrs["objective"] == "auc" and study.user_attrs["planned_trials"] == 8
 
 
+def test_a_base_config_the_model_refuses_stops_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistake only ScalablePPO's constructor sees (an unknown policy_kwargs key) is one line and exit 2 before the
+    storage is touched; it had failed the first trial of every worker, each with Optuna's traceback (exit 1 with
+    --workers 2)."""
+    raw = tiny_spec(tmp_path)
+    raw["base"]["policy_kwargs"] = {"net_arch": [16], "colour": "red"}
+    path = write_spec(tmp_path, raw)
+    assert cli_main(["tune", str(path), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("sb3-ppo-scale tune: error: spec (env CartPole-v1): the trials cannot start, building the envs and "
+                   "model of the space's centre gave: ActorCriticPolicy.__init__() got an unexpected keyword argument "
+                   "'colour'\n")
+    assert not (tmp_path / "out").exists()  # no journal, no study
+
+
 def test_unknown_env_in_yaml_is_reported_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_spec(tmp_path, tiny_spec(tmp_path, envs=["CartPole-v1", "Nope-v0"]))
     assert cli_main(["tune", str(path)]) == 2

@@ -16,7 +16,7 @@ from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
 from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.tuning.preemption import PreemptionCheck
-from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, pow2_bounds
+from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, centre_values, pow2_bounds
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
@@ -55,6 +55,26 @@ def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any], decayed: 
     for name, value in values.items():
         raw[name] = f"lin_{float(value)!r}" if schedules[name] == "linear" else value
     return zoo.config_from_hyperparams(env_id, spec.study_name(env_id), raw, source=str(spec.path or "<spec>"))
+
+
+def check_trials_can_start(spec: StudySpec, env_id: str) -> None:
+    """Build (not train) the envs and the model of the space's centre configuration for ``env_id``, as each trial
+    builds them: a mistake only the env or ScalablePPO can see (an unknown ``policy_kwargs`` key, a device this
+    machine lacks, an env that cannot be made) is one ValueError now, naming the env, instead of a failed trial
+    (per worker) with its traceback."""
+    import gymnasium as gym
+
+    config = trial_config(spec, env_id, decode_params(spec, centre_values(spec)))
+    try:
+        env = zoo.make_envs(config, seed=spec.seed)
+        try:
+            zoo.build_model(config, env, seed=spec.seed)
+        finally:
+            env.close()
+    except (ValueError, TypeError, AssertionError, gym.error.Error) as error:
+        text = " ".join(str(error).split()) or type(error).__name__
+        raise ValueError(f"spec (env {env_id}): the trials cannot start, building the envs and model of the space's "
+                         f"centre gave: {text}") from None
 
 
 def reduce_returns(returns: list[float], objective: str) -> float:

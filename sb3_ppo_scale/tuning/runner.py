@@ -32,7 +32,7 @@ from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
-from sb3_ppo_scale.tuning.objective import decode_params, make_objective
+from sb3_ppo_scale.tuning.objective import check_trials_can_start, decode_params, make_objective
 from sb3_ppo_scale.tuning.spec import StudySpec
 from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id
 
@@ -268,6 +268,8 @@ def tune(spec: StudySpec, n_trials: int | None = None, workers: int = 1, storage
     total = spec.n_trials if n_trials is None else n_trials
     if total < 1:
         raise ValueError(f"n_trials must be an int >= 1, got {total!r}")
+    for env_id in spec.envs:  # before the storage is touched: a mistake leaves no study behind
+        check_trials_can_start(spec, env_id)
     url = resolve_storage(spec, storage)
     studies = {env_id: open_study(spec, env_id, url, total) for env_id in spec.envs}  # storage errors before trials
     status = 0
