@@ -78,6 +78,9 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         ({"pruner": {"name": "median"}}, "pruned trials are left out"),
         ({"evaluation": {"objective": "max"}}, r"objective must be one of \('auc', 'final'\)"),
         ({"base": {"n_steps": 16, "n_envs": 2}}, "batch_size reaches 128 but a rollout holds"),
+        # one rollout: every evaluation precedes the only update, so every trial scores the untrained policy
+        ({"timesteps": 128}, r"spec.timesteps \(or --n-timesteps\) must be more than one rollout \(n_steps \* n_envs = "
+                             r"128 env steps\), got 128"),
         ({"base": {"n_steps": 64, "learning_rat": 1e-3}}, r"spec.base: unknown key\(s\) \['learning_rat'\]"),
         ({"base": {"n_steps": 64, "policy": "MlpLstmPolicy"}}, r"spec.base.policy must be one of \('MlpPolicy', "
                                                                 r"'CnnPolicy', 'MultiInputPolicy'\), got 'MlpLstmPolicy'"),
@@ -423,7 +426,7 @@ def test_a_stopped_trial_is_one_line_without_a_traceback(tmp_path: Path, monkeyp
 
 
 def test_two_worker_processes_finish_exactly_n_trials(tmp_path: Path) -> None:
-    path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=128))
+    path = write_spec(tmp_path, tiny_spec(tmp_path, timesteps=256))
     process = run_cli("tune", str(path), "--workers", "2", "--n-trials", "6")
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output

@@ -196,7 +196,7 @@ def test_killed_worker_on_another_machine_is_failed_by_heartbeat_and_retried(
     raw = {
         "name": "hb",
         "envs": ["Pendulum-v1"],
-        "timesteps": 128,
+        "timesteps": 256,  # two rollouts (one is refused: its evaluations would precede its only update)
         "evaluation": {"eval_freq": 128, "n_episodes": 1},
         "base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [16]}},
         "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3},

@@ -88,8 +88,9 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
     """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate decayed
     linearly, see :func:`trial_config`); returns (objective, eval returns).
 
-    Evaluations run every ``eval_freq`` steps and once more at the end if the last one did not see the final
-    policy; ``on_eval(timesteps, mean_return)`` is called after each.
+    Evaluations run every ``eval_freq`` steps, at the env step where one falls due (during a rollout: before that
+    rollout's update), and once more after training unless one fell due at the last env step (that one ran before
+    the last update, which is then not evaluated); ``on_eval(timesteps, mean_return)`` is called after each.
     """
     config = trial_config(spec, env_id, values, decayed)
     env = zoo.make_envs(config, seed=seed)

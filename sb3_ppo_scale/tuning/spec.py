@@ -243,8 +243,19 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         path=path,
     )
     _check_batch_fits(spec)
+    _check_trains_before_evaluating(spec)
     _check_decay_repeats(spec)
     return spec
+
+
+def _check_trains_before_evaluating(spec: StudySpec) -> None:
+    """A trial must run more than one rollout: an evaluation that falls due during a rollout runs before that
+    rollout's update, so in a one-rollout trial the evaluations score the untrained policy (the same value for
+    every trial of an env, at most a final evaluation apart)."""
+    if spec.timesteps <= spec.rollout_size:
+        raise ValueError(f"spec.timesteps (or --n-timesteps) must be more than one rollout (n_steps * n_envs = "
+                         f"{spec.rollout_size} env steps), got {spec.timesteps}: the evaluations of a one-rollout trial "
+                         "run before its only update, so they score the untrained policy")
 
 
 def _check_decay_repeats(spec: StudySpec) -> None:
