@@ -89,6 +89,7 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         ({"base": {"n_steps": "abc", "n_envs": 2}}, r"spec.base: n_steps must be an int >= 1, got 'abc'"),
         ({"base": {"n_steps": 64, "n_envs": 2, "policy_kwargs": {"net_arch": [0]}}},
          r"spec.base: policy_kwargs\['net_arch'\] layer sizes must be ints >= 1"),
+        ({"output_dir": 5}, r"spec.output_dir must be null \(default: tune_results/tiny\) or a folder path, got 5"),
         ({"seed": -1}, r"spec.seed must be an int >= 0, got -1"),  # numpy's error, after a failed trial
         ({"sampler": {"name": "sobol", "seed": -1}}, r"spec.sampler.seed must be an int >= 0, got -1"),
     ],
@@ -145,6 +146,12 @@ def test_unreachable_storage_fails_before_any_trial(tmp_path: Path, capsys: pyte
     assert cli_main(["tune", str(path), "--storage", url]) == 2
     assert "cannot be reached" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing was trained or written
+
+
+def test_output_dir_null_is_the_default(tmp_path: Path) -> None:
+    """``output_dir: null`` (as ``storage: null``) means the default folder; it had become ./None."""
+    spec = spec_from_dict(tiny_spec(tmp_path, output_dir=None))
+    assert resolve_storage(spec) == str(Path("tune_results") / "tiny" / "tiny.journal")
 
 
 def test_missing_database_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

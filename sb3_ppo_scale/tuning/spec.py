@@ -30,8 +30,8 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 - ``sampler``: ``{name: random|sobol|tpe, seed}`` (seed: an int >= 0) (default sobol for sensitivity, tpe for search);
   ``pruner``: ``{name: none|median}`` (median only in search mode).
 - ``n_trials`` (completed trials per env, default 32), ``storage`` (null = journal file under ``output_dir``; a
-  journal file path; or an RDB URL such as ``postgresql://user:pw@host/db``), ``output_dir`` (default
-  ``tune_results/<name>``). Relative paths are relative to the current working directory, not to the spec file:
+  journal file path; or an RDB URL such as ``postgresql://user:pw@host/db``), ``output_dir`` (null or
+  absent: ``tune_results/<name>``). Relative paths are relative to the current working directory, not to the spec file:
   running a committed spec never writes into (or resumes) the results committed beside it.
 
 :func:`load_spec` can change a spec before validation: ``--set key=value`` (:func:`apply_overrides`, dotted keys such
@@ -239,7 +239,7 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
         noise_repeats=_non_negative_int(raw.get("noise_repeats", 0), "spec.noise_repeats"),
         decay_repeats=_non_negative_int(raw.get("decay_repeats", 0), "spec.decay_repeats"),
         storage=_check_storage(raw.get("storage"), base_dir),
-        output_dir=(base_dir / str(raw.get("output_dir", DEFAULT_RESULTS_DIR / name))),
+        output_dir=base_dir / _check_output_dir(raw.get("output_dir"), name),
         path=path,
     )
     _check_batch_fits(spec)
@@ -463,6 +463,16 @@ def _check_storage(raw: Any, base_dir: Path) -> str | None:
     if not isinstance(raw, str) or not raw:
         raise ValueError(f"spec.storage must be null, a journal file path or an RDB URL, got {raw!r}")
     return raw if "://" in raw else str(base_dir / raw)
+
+
+def _check_output_dir(raw: Any, name: str) -> Path:
+    """``output_dir``: null (the default, ``tune_results/<name>``) or a folder path."""
+    if raw is None:
+        return DEFAULT_RESULTS_DIR / name
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"spec.output_dir must be null (default: {DEFAULT_RESULTS_DIR / name}) or a folder path, "
+                         f"got {raw!r}")
+    return Path(raw)
 
 
 def _check_batch_fits(spec: StudySpec) -> None:
