@@ -33,7 +33,7 @@ TUNE = """
 import sys
 from sb3_ppo_scale.tuning import spec_from_dict
 from sb3_ppo_scale.tuning.runner import tune
-spec = spec_from_dict({"name": "warn", "envs": ["HalfCheetah-v5"], "timesteps": 64,
+spec = spec_from_dict({"name": "warn", "envs": ["HalfCheetah-v5"], "timesteps": 128,
                        "evaluation": {"eval_freq": 64, "n_episodes": 1},
                        "base": {"n_steps": 32, "n_envs": 2, "n_epochs": 1, "policy_kwargs": {"net_arch": [8]}},
                        "space": {"clip_range": {"type": "float", "low": 0.1, "high": 0.3}},

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
 from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
@@ -61,9 +62,11 @@ def check_trials_can_start(spec: StudySpec, env_id: str) -> None:
     """Build (not train) the envs and the model of the space's centre configuration for ``env_id``, as each trial
     builds them: a mistake only the env or ScalablePPO can see (an unknown ``policy_kwargs`` key, a device this
     machine lacks, an env that cannot be made) is one ValueError now, naming the env, instead of a failed trial
-    (per worker) with its traceback."""
+    (per worker) with its traceback. MuJoCo's known deprecation messages are dropped here as in the workers
+    (:func:`~sb3_ppo_scale.envs.known_warnings.filter_known_warnings`)."""
     import gymnasium as gym
 
+    filter_known_warnings()
     config = trial_config(spec, env_id, decode_params(spec, centre_values(spec)))
     try:
         env = zoo.make_envs(config, seed=spec.seed)
