@@ -206,6 +206,11 @@ def test_a_base_config_the_model_refuses_stops_before_any_trial(tmp_path: Path, 
                    "model of the space's centre gave: ActorCriticPolicy.__init__() got an unexpected keyword argument "
                    "'colour'\n")
     assert not (tmp_path / "out").exists()  # no journal, no study
+    raw["base"]["policy_kwargs"] = {"net_arch": [16]}
+    raw["base"]["device"] = "tpu"  # torch knows no such device: SB3's RuntimeError had been an internal error
+    assert cli_main(["tune", str(write_spec(tmp_path, raw))]) == 2
+    assert "gave: base.device must be 'auto', 'cpu', 'cuda', 'mps'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_unknown_env_in_yaml_is_reported_by_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

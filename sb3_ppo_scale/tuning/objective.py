@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 import optuna
+import torch as th
 
+from sb3_ppo_scale.core.checks import resolve_device
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
@@ -60,15 +62,17 @@ def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any], decayed: 
 
 def check_trials_can_start(spec: StudySpec, env_id: str) -> None:
     """Build (not train) the envs and the model of the space's centre configuration for ``env_id``, as each trial
-    builds them: a mistake only the env or ScalablePPO can see (an unknown ``policy_kwargs`` key, a device this
-    machine lacks, an env that cannot be made) is one ValueError now, naming the env, instead of a failed trial
-    (per worker) with its traceback. MuJoCo's known deprecation messages are dropped here as in the workers
-    (:func:`~sb3_ppo_scale.envs.known_warnings.filter_known_warnings`)."""
+    builds them: a mistake only the env or ScalablePPO can see (an unknown ``policy_kwargs`` key, a ``device`` this
+    machine lacks or torch does not know, an env that cannot be made) is one ValueError now, naming the env,
+    instead of a failed trial (per worker) with its traceback. MuJoCo's known deprecation messages are dropped here
+    as in the workers (:func:`~sb3_ppo_scale.envs.known_warnings.filter_known_warnings`)."""
     import gymnasium as gym
 
     filter_known_warnings()
     config = trial_config(spec, env_id, decode_params(spec, centre_values(spec)))
     try:
+        # SB3 would train on the CPU for a device CUDA lacks, and fail on one torch does not know
+        resolve_device(config.model_kwargs.get("device", "cpu"), "base.device", th.device("cpu"))
         env = zoo.make_envs(config, seed=spec.seed)
         try:
             zoo.build_model(config, env, seed=spec.seed)
