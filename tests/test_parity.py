@@ -67,8 +67,10 @@ def test_logger_keys_and_values_match_ppo() -> None:
 
 @pytest.mark.parametrize("algo", ["ppo", "maskable", "recurrent"])
 def test_logged_training_values_equal_the_base_class_with_several_envs(algo: str) -> None:
-    """Every ``train/`` value at every update equals the base class's with 2 envs, where the rollout's order matters:
-    ``explained_variance`` is computed on the buffer in SB3's env-major order (``get()`` flattens it so)."""
+    """Every ``train/`` value at every update equals the base class's, with its type, with 2 envs, where the rollout's
+    order matters: ``explained_variance`` is computed on the buffer in SB3's env-major order (``get()`` flattens it
+    so); the means are SB3's ``np.mean`` calls (``approx_kl`` in float32; values over many minibatches:
+    tests/test_updates.py::test_logged_means_are_sb3s_numpy_means)."""
     from sb3_contrib import MaskablePPO, RecurrentPPO
     from sb3_contrib.common.envs import InvalidActionEnvDiscrete
     from stable_baselines3 import PPO
@@ -95,6 +97,7 @@ def test_logged_training_values_equal_the_base_class_with_several_envs(algo: str
     assert "train/explained_variance" in reference
     for key, values in reference.items():
         assert history[1][key] == values, key
+        assert [type(v) for v in history[1][key]] == [type(v) for v in values], key  # the CSV writes what it gets
 
 
 def test_early_stopping_messages_equal_ppos(capsys: pytest.CaptureFixture[str]) -> None:

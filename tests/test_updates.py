@@ -195,3 +195,27 @@ def test_cpu_adam_takes_its_multi_tensor_step_during_train_only(monkeypatch) -> 
     assert step_module.multi_tensor_steps(rmsprop, list(model.policy.parameters())) == []  # not proven equal: untouched
     model.policy.optimizer.param_groups[0]["foreach"] = False  # a user's explicit choice is kept
     assert step_module.multi_tensor_steps(model.policy.optimizer, list(model.policy.parameters())) == []
+
+
+def test_logged_means_are_sb3s_numpy_means() -> None:
+    """``TrainStats.summary`` logs what SB3's ``train()`` logs from the same per-minibatch statistics: ``np.mean``
+    over the ``.item()`` values (np.float64) and, for ``approx_kl``, over the last epoch's float32 arrays (np.float32,
+    summed in float32: a float64 mean of the same values differs in the last digits for about a third of these)."""
+    from sb3_ppo_scale.core.objectives import KL_INDEX, LOSS_INDEX, STAT_NAMES, TrainStats
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        epochs = [epoch for epoch in range(3) for _ in range(40)]
+        rows = [th.from_numpy((rng.random(len(STAT_NAMES)) * 1e-2).astype(np.float32)) for _ in epochs]
+        stats = TrainStats()
+        for row, epoch in zip(rows, epochs):
+            stats.add(row, epoch)
+        summary = stats.summary()
+        for index, name in enumerate(STAT_NAMES):  # SB3: lists of .item() values, np.mean at the end
+            if index not in (KL_INDEX, LOSS_INDEX):
+                expected = np.mean([row[index].item() for row in rows])
+                assert type(summary[name]) is type(expected) and summary[name] == expected, name
+        last_kls = [row[KL_INDEX].numpy() for row, epoch in zip(rows, epochs) if epoch == epochs[-1]]
+        expected_kl = np.mean(last_kls)  # SB3: approx_kl_divs holds .cpu().numpy() float32 arrays of one epoch
+        assert type(summary["approx_kl"]) is np.float32 and summary["approx_kl"] == expected_kl
+        assert summary["loss"] == rows[-1][LOSS_INDEX].item()

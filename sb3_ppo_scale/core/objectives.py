@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch as th
 import torch.nn.functional as F
 from stable_baselines3.common.policies import ActorCriticPolicy
@@ -265,16 +266,18 @@ class TrainStats:
         """The last minibatch's approx KL (a host sync)."""
         return float(self._rows[-1][KL_INDEX])
 
-    def summary(self, extra: dict[str, th.Tensor] | None = None) -> dict[str, float]:
+    def summary(self, extra: dict[str, th.Tensor] | None = None) -> dict[str, Any]:
         """Means as SB3 logs them (keys of :data:`STAT_NAMES`), plus the ``extra`` device scalars read back in
-        the same single sync."""
+        the same single sync. The means are SB3's own ``np.mean`` calls on the same values in the same order:
+        float64 over the minibatches' ``.item()`` values (np.float64), and for ``approx_kl`` float32 over their
+        float32 KL arrays (np.float32, summed in float32 as NumPy does; a float64 mean differs in the last digits)."""
         extra = extra or {}
         table = th.stack(self._rows)
         flat = th.cat([table.flatten(), *[e.reshape(1).to(table) for e in extra.values()]]).cpu().double()
         table, extra_values = flat[: table.numel()].view_as(table), flat[table.numel() :].tolist()
         last_epoch = [i for i, e in enumerate(self._epochs) if e == self._epochs[-1]]
-        means = table.mean(dim=0)
-        summary = {name: float(means[i]) for i, name in enumerate(STAT_NAMES)}
-        summary["approx_kl"] = float(table[last_epoch, KL_INDEX].mean())
+        columns = table.numpy().T.copy()  # one contiguous row per statistic, as SB3's lists hold them
+        summary: dict[str, Any] = {name: np.mean(columns[i]) for i, name in enumerate(STAT_NAMES)}
+        summary["approx_kl"] = np.mean(columns[KL_INDEX, last_epoch].astype(np.float32))
         summary["loss"] = float(table[-1, LOSS_INDEX])
         return {**summary, **dict(zip(extra, extra_values))}
