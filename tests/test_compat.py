@@ -12,6 +12,7 @@ import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.envs import (
     IdentityEnv,
     IdentityEnvBox,
@@ -56,6 +57,39 @@ def test_gsde_matches_ppo(grad_accum_steps: int) -> None:
         assert_identical(ppo, ours)
     else:  # see ACCUMULATION_ATOL
         assert_params_close(ppo, ours, ACCUMULATION_ATOL)
+
+
+class _SmallExtractor(BaseFeaturesExtractor):
+    """A user's own features extractor: one Linear + ReLU."""
+
+    def __init__(self, observation_space: gym.spaces.Box, features_dim: int = 8) -> None:
+        super().__init__(observation_space, features_dim)
+        self.net = th.nn.Sequential(th.nn.Linear(observation_space.shape[0], features_dim), th.nn.ReLU())
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.net(observations)
+
+
+#: policy_kwargs users pass, each touching a part the lean paths replace (fused step and evaluation, flat Adam)
+POLICY_VARIANTS = {
+    "rmsprop": ("CartPole-v1", dict(optimizer_class=th.optim.RMSprop, optimizer_kwargs=dict(alpha=0.99, eps=1e-5))),
+    "adam_weight_decay": ("CartPole-v1", dict(optimizer_kwargs=dict(eps=1e-7, weight_decay=1e-4))),
+    "adamw": ("CartPole-v1", dict(optimizer_class=th.optim.AdamW)),
+    "sgd_momentum": ("CartPole-v1", dict(optimizer_class=th.optim.SGD, optimizer_kwargs=dict(momentum=0.9))),
+    "separate_extractors": ("CartPole-v1", dict(share_features_extractor=False)),
+    "net_arch_dict_relu": ("CartPole-v1", dict(net_arch=dict(pi=[32], vf=[16, 16]), activation_fn=th.nn.ReLU)),
+    "net_arch_empty": ("CartPole-v1", dict(net_arch=[])),
+    "own_extractor": ("CartPole-v1", dict(features_extractor_class=_SmallExtractor, share_features_extractor=False)),
+    "gaussian_no_ortho_log_std": ("Pendulum-v1", dict(ortho_init=False, log_std_init=-2.0)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(POLICY_VARIANTS))
+def test_policy_and_optimizer_variants_match_ppo(variant: str) -> None:
+    env_id, policy_kwargs = POLICY_VARIANTS[variant]
+    ppo, ours = train_pair(lambda: make_vec_env(env_id, n_envs=2, seed=1), 3 * 128, policy_kwargs=policy_kwargs,
+                           **SMALL)
+    assert_identical(ppo, ours)
 
 
 def _atari() -> VecFrameStack:
