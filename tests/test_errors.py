@@ -196,3 +196,20 @@ def test_an_unknown_keyword_names_the_class() -> None:
 
     with pytest.raises(TypeError, match=r"ScalableMaskablePPO\(\): got an unexpected keyword argument 'batched_sequences'"):
         ScalableMaskablePPO("MlpPolicy", "CartPole-v1", batched_sequences=True)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [  # each passed a plain `> 0` / `> 1` check: nan beta factor -> nan loss; nan target or tolerance -> beta never moves
+        (dict(kl_adapt_factor=math.nan), r"kl_adapt_factor must be a finite number > 1, got nan"),
+        (dict(kl_adapt_factor=math.inf), r"kl_adapt_factor must be a finite number > 1, got inf"),
+        (dict(kl_penalty_target=math.nan), r"kl_penalty_target must be a finite number > 0, or None .*, got nan"),
+        (dict(kl_penalty_target=math.inf), r"kl_penalty_target must be a finite number > 0, or None .*, got inf"),
+        (dict(kl_adapt_tolerance=math.nan), r"kl_adapt_tolerance must be a finite number >= 1 .*, got nan"),
+        (dict(kl_adapt_tolerance=math.inf), r"kl_adapt_tolerance must be a finite number >= 1 .*, got inf"),
+    ],
+)
+def test_non_finite_kl_adaptation_settings_are_refused(kwargs, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        build(objective="kl_penalty", **kwargs)
+    build(objective="kl_penalty", kl_penalty_target=np.float32(0.02), kl_adapt_factor=np.float64(1.5))  # NumPy numbers

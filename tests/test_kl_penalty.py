@@ -189,9 +189,9 @@ def test_beta_survives_save_and_load(tmp_path) -> None:
     [
         (dict(objective="trust_region"), r"objective must be one of 'clip', 'kl_penalty', 'clip_kl_penalty'"),
         (dict(objective="kl_penalty", kl_coef=-1.0), r"kl_coef must be 0 or a number in"),
-        (dict(objective="kl_penalty", kl_penalty_target=0.0), r"kl_penalty_target must be a number > 0"),
-        (dict(objective="kl_penalty", kl_adapt_factor=1.0), r"kl_adapt_factor must be a number > 1"),
-        (dict(objective="kl_penalty", kl_adapt_tolerance=0.5), r"kl_adapt_tolerance must be a number >= 1"),
+        (dict(objective="kl_penalty", kl_penalty_target=0.0), r"kl_penalty_target must be a finite number > 0"),
+        (dict(objective="kl_penalty", kl_adapt_factor=1.0), r"kl_adapt_factor must be a finite number > 1"),
+        (dict(objective="kl_penalty", kl_adapt_tolerance=0.5), r"kl_adapt_tolerance must be a finite number >= 1"),
         (dict(objective="kl_penalty", kl_coef=0.0), r"kl_coef must be > 0 when kl_penalty_target is set"),
     ],
 )

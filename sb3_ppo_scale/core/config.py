@@ -11,6 +11,7 @@ model trained on a GPU loads anywhere for evaluation.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ class ScaleConfig:
         return make_objective(self.objective, KLCoefficient(self.kl_coef, rule))
 
     def _check_objective(self) -> None:
-        """A known objective, beta >= 0 within bounds, a positive target, factor > 1, tolerance >= 1."""
+        """A known objective, beta >= 0 within bounds, a finite target > 0, a finite factor > 1, a finite tolerance >= 1."""
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(map(repr, OBJECTIVES))}, got {self.objective!r}")
         low, high = KL_COEF_BOUNDS
@@ -90,14 +91,18 @@ class ScaleConfig:
             raise ValueError(f"kl_coef must be 0 or a number in [{low:g}, {high:g}], got {self.kl_coef!r}")
         target = self.kl_penalty_target
         if target is not None:
-            if not is_number(target) or target <= 0:
-                raise ValueError(f"kl_penalty_target must be a number > 0, or None for a fixed kl_coef, got {target!r}")
+            # nan or inf would pass a plain `> 0`: nan never adapts beta, inf shrinks it every update
+            if not is_number(target) or not 0 < target < math.inf:
+                raise ValueError(f"kl_penalty_target must be a finite number > 0, or None for a fixed kl_coef, "
+                                 f"got {target!r}")
             if self.kl_coef == 0 and make_objective(self.objective).penalises_kl:
                 raise ValueError(
                     "kl_coef must be > 0 when kl_penalty_target is set (an adaptive beta of 0 can never grow); "
                     "pass kl_penalty_target=None to keep beta fixed at 0"
                 )
-        if not is_number(self.kl_adapt_factor) or self.kl_adapt_factor <= 1:
-            raise ValueError(f"kl_adapt_factor must be a number > 1, got {self.kl_adapt_factor!r}")
-        if not is_number(self.kl_adapt_tolerance) or self.kl_adapt_tolerance < 1:
-            raise ValueError(f"kl_adapt_tolerance must be a number >= 1, got {self.kl_adapt_tolerance!r}")
+        # nan would pass `<= 1` / `< 1`: a nan factor makes beta nan (a nan loss), a nan tolerance never adapts
+        if not is_number(self.kl_adapt_factor) or not 1 < self.kl_adapt_factor < math.inf:
+            raise ValueError(f"kl_adapt_factor must be a finite number > 1, got {self.kl_adapt_factor!r}")
+        if not is_number(self.kl_adapt_tolerance) or not 1 <= self.kl_adapt_tolerance < math.inf:
+            raise ValueError(f"kl_adapt_tolerance must be a finite number >= 1 (kl_penalty_target=None keeps beta "
+                             f"fixed), got {self.kl_adapt_tolerance!r}")
