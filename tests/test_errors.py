@@ -213,3 +213,22 @@ def test_non_finite_kl_adaptation_settings_are_refused(kwargs, pattern) -> None:
     with pytest.raises(ValueError, match=pattern):
         build(objective="kl_penalty", **kwargs)
     build(objective="kl_penalty", kl_penalty_target=np.float32(0.02), kl_adapt_factor=np.float64(1.5))  # NumPy numbers
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [  # a nan factor made the rate nan after the first update (nan parameters); a nan target never adapted it
+        (dict(factor=math.nan), r"KLAdaptiveLR factor must be a finite number > 1, got nan"),
+        (dict(factor=math.inf), r"KLAdaptiveLR factor must be a finite number > 1, got inf"),
+        (dict(target_kl=math.nan), r"KLAdaptiveLR target_kl must be a finite number > 0, got nan"),
+        (dict(target_kl=math.inf), r"KLAdaptiveLR target_kl must be a finite number > 0, got inf"),
+        (dict(min_lr=math.nan), r"KLAdaptiveLR min_lr must be a finite number > 0, got nan"),
+        (dict(max_lr=math.nan), r"KLAdaptiveLR max_lr must be a number > 0 \(math.inf: no upper bound\), got nan"),
+    ],
+)
+def test_non_finite_kl_adaptive_lr_settings_are_refused(kwargs, pattern) -> None:
+    from sb3_ppo_scale.core.lr import KLAdaptiveLR
+
+    with pytest.raises(ValueError, match=pattern):
+        KLAdaptiveLR(**kwargs)
+    assert KLAdaptiveLR(max_lr=math.inf, factor=np.float32(2.0)).max_lr == math.inf  # no upper bound; NumPy numbers

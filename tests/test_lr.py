@@ -23,12 +23,12 @@ def test_rule_steps_and_bounds() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        (dict(initial=0.0), r"initial must be a number > 0"),
-        (dict(target_kl=-1.0), r"target_kl must be a number > 0"),
-        (dict(factor=1.0), r"factor must be a number > 1"),
+        (dict(initial=0.0), r"initial must be a finite number > 0"),
+        (dict(target_kl=-1.0), r"target_kl must be a finite number > 0"),
+        (dict(factor=1.0), r"factor must be a finite number > 1"),
         (dict(initial=1.0), r"initial must lie in \[min_lr, max_lr\]"),
         (dict(min_lr=1e-2, max_lr=1e-3), r"min_lr must be <= max_lr, got min_lr=0.01 and max_lr=0.001"),
-        (dict(initial=float("inf"), max_lr=float("inf")), r"initial must be finite, got inf"),
+        (dict(initial=float("inf"), max_lr=float("inf")), r"initial must be a finite number > 0, got inf"),
     ],
 )
 def test_bad_rule_arguments(kwargs, pattern) -> None:

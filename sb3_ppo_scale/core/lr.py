@@ -26,22 +26,24 @@ KL_ADAPTIVE = "kl_adaptive"
 class KLAdaptiveLR:
     """A learning rate adapted to a KL target after each update (see the module docstring).
 
-    :param initial: the first learning rate (default 3e-4, SB3 PPO's).
-    :param target_kl: the desired KL per update (default 0.01).
-    :param factor: the multiplicative step (default 1.5), > 1.
-    :param min_lr: lower bound (default 1e-5).
-    :param max_lr: upper bound (default 1e-2).
+    :param initial: the first learning rate (default 3e-4, SB3 PPO's), finite, in [min_lr, max_lr].
+    :param target_kl: the desired KL per update (default 0.01), finite, > 0.
+    :param factor: the multiplicative step (default 1.5), finite, > 1.
+    :param min_lr: lower bound (default 1e-5), finite, > 0.
+    :param max_lr: upper bound (default 1e-2), > 0 (``math.inf``: none).
     """
 
     def __init__(self, initial: float = 3e-4, target_kl: float = 0.01, factor: float = 1.5, min_lr: float = 1e-5,
                  max_lr: float = 1e-2) -> None:
-        for name, value in (("initial", initial), ("target_kl", target_kl), ("min_lr", min_lr), ("max_lr", max_lr)):
-            if not is_number(value) or value <= 0:
-                raise ValueError(f"KLAdaptiveLR {name} must be a number > 0, got {value!r}")
-        if not is_number(factor) or factor <= 1:
-            raise ValueError(f"KLAdaptiveLR factor must be a number > 1, got {factor!r}")
-        if initial == math.inf:
-            raise ValueError(f"KLAdaptiveLR initial must be finite, got {initial!r}")
+        # `not 0 < value < inf` refuses nan too: a nan factor makes the rate nan after the first update (nan
+        # parameters), a nan target never adapts it
+        for name, value in (("initial", initial), ("target_kl", target_kl), ("min_lr", min_lr)):
+            if not is_number(value) or not 0 < value < math.inf:
+                raise ValueError(f"KLAdaptiveLR {name} must be a finite number > 0, got {value!r}")
+        if not is_number(max_lr) or not max_lr > 0:
+            raise ValueError(f"KLAdaptiveLR max_lr must be a number > 0 (math.inf: no upper bound), got {max_lr!r}")
+        if not is_number(factor) or not 1 < factor < math.inf:
+            raise ValueError(f"KLAdaptiveLR factor must be a finite number > 1, got {factor!r}")
         if min_lr > max_lr:
             raise ValueError(f"KLAdaptiveLR min_lr must be <= max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
         if not min_lr <= initial <= max_lr:
