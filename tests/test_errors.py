@@ -56,7 +56,8 @@ def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
         (dict(policy_kwargs=dict(net_arch=[0])), r"policy_kwargs\['net_arch'\] layer sizes must be ints >= 1 .*got \[0\]"),
         (dict(policy_kwargs=dict(net_arch=dict(pi=[8], vf=[8, -4]))), r"layer sizes must be ints >= 1"),
         (dict(policy_kwargs=dict(net_arch=[dict(pi=[0], vf=[8])])), r"layer sizes must be ints >= 1"),  # SB3's older form
-        (dict(vf_coef=-0.5), r"vf_coef must be a number >= 0, got -0.5"),
+        (dict(vf_coef=-0.5), r"vf_coef must be a finite number >= 0, got -0.5"),
+        (dict(vf_coef=math.inf), r"vf_coef must be a finite number >= 0, got inf"),  # PPO: nan parameters
         (dict(ent_coef=float("nan")), r"ent_coef must be a finite number, got nan"),
         (dict(max_grad_norm=-1), r"max_grad_norm must be a number > 0 \(math.inf: no clipping\), got -1"),
         (dict(target_kl=0), r"target_kl must be None or a number > 0, got 0"),

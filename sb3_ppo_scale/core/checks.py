@@ -61,7 +61,7 @@ PPO_ARGUMENTS = {
     "gae_lambda": ("a number in [0, 1]", lambda v: is_number(v) and 0 <= v <= 1),
     "clip_range": ("a number > 0 or a schedule whose value at the start (progress_remaining=1) is > 0",
                    lambda v: _positive_at_start(v) if callable(v) else is_number(v) and v > 0),
-    "vf_coef": ("a number >= 0", lambda v: is_number(v) and v >= 0),
+    "vf_coef": ("a finite number >= 0", lambda v: is_number(v) and 0 <= v < math.inf),  # inf: an inf loss
     "ent_coef": ("a finite number", lambda v: is_number(v) and math.isfinite(v)),
     "max_grad_norm": ("a number > 0 (math.inf: no clipping)", lambda v: is_number(v) and v > 0),
     "target_kl": ("None or a number > 0", lambda v: v is None or (is_number(v) and v > 0)),
