@@ -233,3 +233,23 @@ def test_non_finite_kl_adaptive_lr_settings_are_refused(kwargs, pattern) -> None
     with pytest.raises(ValueError, match=pattern):
         KLAdaptiveLR(**kwargs)
     assert KLAdaptiveLR(max_lr=math.inf, factor=np.float32(2.0)).max_lr == math.inf  # no upper bound; NumPy numbers
+
+
+@pytest.mark.parametrize("net_arch", [[64.5], [64.0], [True], ["64"], [None], dict(pi=[8], vf=[8.0]), [8, dict(pi=[8])]])
+def test_a_layer_size_that_is_not_an_int_is_named(net_arch) -> None:
+    """SB3's MlpExtractor passes each entry to torch.nn.Linear: a TypeError from inside torch that names nothing."""
+    with pytest.raises(ValueError, match=r"policy_kwargs\['net_arch'\] layer sizes must be ints >= 1"):
+        build(policy_kwargs=dict(net_arch=net_arch))
+
+
+def test_a_policy_with_its_own_extractor_keeps_its_own_net_arch() -> None:
+    """A custom policy that reads net_arch itself may put other things in it; NumPy ints are ints."""
+    from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.common.torch_layers import MlpExtractor
+
+    class DropoutNetArchPolicy(ActorCriticPolicy):
+        def _build_mlp_extractor(self) -> None:  # net_arch = [width, dropout rate]
+            self.mlp_extractor = MlpExtractor(self.features_dim, [self.net_arch[0]], self.activation_fn, self.device)
+
+    ScalablePPO(DropoutNetArchPolicy, "CartPole-v1", n_steps=64, device="cpu", policy_kwargs=dict(net_arch=[16, 0.1])).learn(64)
+    build(policy_kwargs=dict(net_arch=[np.int64(16)]))

@@ -177,7 +177,7 @@ class ScalableOnPolicyMixin:
         self._check_supported(self._config)
         check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
         check_ppo_arguments(vars(self))
-        check_net_arch(self.policy_kwargs)
+        check_net_arch(self.policy_kwargs, self.policy_class)
         super()._setup_model()
         self._warn_if_update_upstream_changed()
         self._objective: Objective = self._config.make_objective()

@@ -77,16 +77,21 @@ def check_ppo_arguments(values: Mapping[str, object]) -> None:
             raise ValueError(f"{name} must be {allowed}, got {values[name]!r}")
 
 
-def check_net_arch(policy_kwargs: Mapping[str, Any] | None) -> None:
+def check_net_arch(policy_kwargs: Mapping[str, Any] | None, policy_class: type | None = None) -> None:
     """Every integer layer size in ``policy_kwargs["net_arch"]`` (a list, ``dict(pi=[...], vf=[...])``, or SB3's
     older ``[dict(...)]``) is >= 1: SB3 builds a zero-width layer and trains a policy that ignores its
-    observations. Anything else in ``net_arch`` is left to SB3."""
+    observations. When ``policy_class`` builds SB3's ``MlpExtractor`` from it (its ``_build_mlp_extractor`` is SB3's
+    or sb3-contrib's), every entry must be an int: a float, bool, str or None there is a TypeError from inside
+    ``torch.nn.Linear`` that names no argument. Anything else in ``net_arch`` (a custom policy's own layout) is left
+    to the policy."""
     net_arch = (policy_kwargs or {}).get("net_arch")
     if isinstance(net_arch, list) and net_arch and isinstance(net_arch[0], dict):
         net_arch = net_arch[0]
     parts = net_arch.values() if isinstance(net_arch, dict) else [net_arch]
     sizes = [size for part in parts if isinstance(part, (list, tuple)) for size in part]
-    if any(isinstance(size, numbers.Integral) and is_number(size) and size < 1 for size in sizes):
+    build = getattr(policy_class, "_build_mlp_extractor", None)
+    only_ints = build is not None and build.__module__.split(".")[0] in ("stable_baselines3", "sb3_contrib")
+    if any(size < 1 if is_int(size) else only_ints for size in sizes):
         raise ValueError(f"policy_kwargs['net_arch'] layer sizes must be ints >= 1 (an empty list: no hidden layer), "
                          f"got {(policy_kwargs or {})['net_arch']!r}")
 
