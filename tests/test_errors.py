@@ -9,6 +9,7 @@ import pytest
 import torch as th
 
 from sb3_ppo_scale import ScalablePPO
+from tests.helpers import assert_identical, train_pair
 
 
 def build(**kwargs):
@@ -253,3 +254,20 @@ def test_a_policy_with_its_own_extractor_keeps_its_own_net_arch() -> None:
 
     ScalablePPO(DropoutNetArchPolicy, "CartPole-v1", n_steps=64, device="cpu", policy_kwargs=dict(net_arch=[16, 0.1])).learn(64)
     build(policy_kwargs=dict(net_arch=[np.int64(16)]))
+
+
+def test_numpy_schedule_constants_train_as_the_python_numbers_they_hold(tmp_path) -> None:
+    """learning_rate, clip_range, clip_range_vf as NumPy numbers (a sweep's np.float32) were an AssertionError from
+    inside SB3 about "the learning rate schedule" (PPO's too, though the docs call NumPy scalars numbers); they now
+    train exactly as PPO does with the Python floats they hold, at construction and at load."""
+    numpy_values = dict(learning_rate=np.float32(1e-3), clip_range=np.float32(0.3), clip_range_vf=np.float32(0.5))
+    python_values = {name: value.item() for name, value in numpy_values.items()}
+    ppo, scalable = train_pair("Pendulum-v1", 128, n_steps=64, batch_size=32, n_epochs=2, scalable_kwargs=numpy_values,
+                               baseline_kwargs=python_values)
+    assert_identical(ppo, scalable)
+    scalable.save(tmp_path / "model.zip")
+    loaded = ScalablePPO.load(tmp_path / "model.zip", device="cpu", learning_rate=np.float64(2e-3),
+                              clip_range=np.float32(0.1))
+    assert loaded.lr_schedule(1.0) == 2e-3 and loaded.clip_range(1.0) == np.float32(0.1).item()
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, .*got np.True_|got True"):
+        build(learning_rate=np.bool_(True))

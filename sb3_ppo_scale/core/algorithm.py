@@ -39,6 +39,7 @@ from sb3_ppo_scale.core.checks import (
     check_net_arch,
     check_ppo_arguments,
     check_rollout_buffer_kwargs,
+    plain_number,
 )
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
 from sb3_ppo_scale.core.compiled import compiled_ppo_loss
@@ -178,6 +179,8 @@ class ScalableOnPolicyMixin:
         check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
         check_ppo_arguments(vars(self))
         check_net_arch(self.policy_kwargs, self.policy_class)
+        for name in ("clip_range", "clip_range_vf"):  # NumPy numbers as SB3's schedules take them (learning_rate:
+            setattr(self, name, plain_number(getattr(self, name)))  # resolve_learning_rate)
         super()._setup_model()
         self._warn_if_update_upstream_changed()
         self._objective: Objective = self._config.make_objective()

@@ -25,6 +25,14 @@ def is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+def plain_number(value: object) -> object:
+    """A NumPy number as the Python int or float it holds; anything else unchanged. SB3's schedules
+    (``learning_rate``, ``clip_range``, ``clip_range_vf``) take a constant only as a Python ``int`` or ``float``: a
+    ``np.float32(3e-4)`` was an AssertionError from inside SB3 about "the learning rate schedule", even for
+    ``clip_range``."""
+    return value.item() if isinstance(value, np.generic) and is_number(value) else value
+
+
 def check_batching(batch_size: object, grad_accum_steps: object, normalize_advantage: bool) -> None:
     """``batch_size`` and ``grad_accum_steps`` are positive ints, accumulation no finer than one sample."""
     if not is_int(batch_size) or batch_size < 1:  # type: ignore[operator]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sb3_ppo_scale.core.checks import is_number
+from sb3_ppo_scale.core.checks import is_number, plain_number
 
 #: the string ``ScalablePPO(learning_rate=...)`` accepts for :class:`KLAdaptiveLR` with its defaults
 KL_ADAPTIVE = "kl_adaptive"
@@ -70,10 +70,12 @@ class KLAdaptiveLR:
 
 
 def resolve_learning_rate(learning_rate: object) -> object:
-    """``"kl_adaptive"`` becomes a :class:`KLAdaptiveLR` with its defaults; numbers > 0 and callables pass unchanged;
-    anything else is a ValueError naming what is allowed."""
+    """``"kl_adaptive"`` becomes a :class:`KLAdaptiveLR` with its defaults; numbers > 0 and callables pass unchanged
+    (a NumPy number as the Python number it holds, :func:`~sb3_ppo_scale.core.checks.plain_number`); anything else is
+    a ValueError naming what is allowed."""
     if isinstance(learning_rate, str) and learning_rate == KL_ADAPTIVE:
         return KLAdaptiveLR()
+    learning_rate = plain_number(learning_rate)
     usable = _positive_finite_at_start(learning_rate) if callable(learning_rate) \
         else is_number(learning_rate) and 0 < learning_rate < math.inf  # type: ignore[operator]  # a str is neither
     if not usable:
