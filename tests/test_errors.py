@@ -271,3 +271,20 @@ def test_numpy_schedule_constants_train_as_the_python_numbers_they_hold(tmp_path
     assert loaded.lr_schedule(1.0) == 2e-3 and loaded.clip_range(1.0) == np.float32(0.1).item()
     with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, .*got np.True_|got True"):
         build(learning_rate=np.bool_(True))
+
+
+@pytest.mark.parametrize("wrap", [th.tensor, np.asarray, np.float32])
+def test_schedules_returning_what_sb3_casts_to_float_are_accepted(wrap) -> None:
+    """SB3 casts every schedule value with float(): PPO trains with a schedule returning a 0-d tensor or array, and
+    so must ScalablePPO (both were refused at construction), with the same parameters."""
+    schedules = dict(learning_rate=lambda progress: wrap(1e-3 * progress), clip_range=lambda progress: wrap(0.2))
+    ppo, scalable = train_pair("Pendulum-v1", 128, n_steps=64, batch_size=32, n_epochs=1, **schedules)
+    assert_identical(ppo, scalable)
+
+
+@pytest.mark.parametrize("value", [None, "fast", True, th.zeros(2)])
+def test_a_schedule_value_that_is_no_number_is_named(value) -> None:
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, a schedule"):
+        build(learning_rate=lambda progress: value)
+    with pytest.raises(ValueError, match=r"clip_range must be a number > 0 or a schedule"):
+        build(clip_range=lambda progress: value)

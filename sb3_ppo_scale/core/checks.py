@@ -51,10 +51,22 @@ def check_batching(batch_size: object, grad_accum_steps: object, normalize_advan
         )
 
 
+def schedule_value(value: object) -> float | None:
+    """What a schedule returned, as the float SB3 trains with (its ``FloatSchedule`` casts every value with
+    ``float()``: a Python or NumPy number, a 0-d array, a one-element tensor); None for what is no number (a bool, a
+    str, though ``float()`` reads "3e-4") or what ``float()`` refuses."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
 def _positive_at_start(schedule: object) -> bool:
     """A schedule's value at the start of training (``progress_remaining=1``) is a number > 0."""
-    value = schedule(1.0)  # type: ignore[operator]  # SB3 calls its learning-rate schedule at 1 when it builds too
-    return is_number(value) and value > 0
+    value = schedule_value(schedule(1.0))  # type: ignore[operator]  # SB3 calls its lr schedule at 1 when it builds too
+    return value is not None and value > 0
 
 
 #: PPO's own numeric arguments that SB3 takes without a check, although some values silently stop or reverse

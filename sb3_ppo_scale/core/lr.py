@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sb3_ppo_scale.core.checks import is_number, plain_number
+from sb3_ppo_scale.core.checks import is_number, plain_number, schedule_value
 
 #: the string ``ScalablePPO(learning_rate=...)`` accepts for :class:`KLAdaptiveLR` with its defaults
 KL_ADAPTIVE = "kl_adaptive"
@@ -88,5 +88,5 @@ def resolve_learning_rate(learning_rate: object) -> object:
 def _positive_finite_at_start(schedule: Any) -> bool:
     """A learning-rate schedule's value at the start of training is a finite number > 0 (SB3 calls it at 1 to build
     the optimizer; a KLAdaptiveLR gives its initial rate)."""
-    value = schedule(1.0)
-    return is_number(value) and 0 < value < math.inf
+    value = schedule_value(schedule(1.0))
+    return value is not None and 0 < value < math.inf
