@@ -288,3 +288,35 @@ def test_a_schedule_value_that_is_no_number_is_named(value) -> None:
         build(learning_rate=lambda progress: value)
     with pytest.raises(ValueError, match=r"clip_range must be a number > 0 or a schedule"):
         build(clip_range=lambda progress: value)
+
+
+def _from_second_update(value):
+    return lambda progress: 0.2 if progress > 0.6 else value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [  # PPO trains on: nan/inf lr -> nan parameters; nan clip_range -> nan loss, zero policy gradient
+        (dict(learning_rate=_from_second_update(math.nan)), r"learning_rate's schedule gave nan at progress_remaining=0.6; "
+                                                           r"it must give finite numbers"),
+        (dict(learning_rate=_from_second_update(math.inf)), r"learning_rate's schedule gave inf"),
+        (dict(clip_range=_from_second_update(math.nan)), r"clip_range's schedule gave nan at progress_remaining=0.6; it "
+                                                        r"must give numbers \(not nan\)"),
+        (dict(clip_range_vf=_from_second_update(th.tensor(math.nan))), r"clip_range_vf's schedule gave nan"),
+    ],
+)
+def test_a_schedule_turning_nan_mid_training_is_named(kwargs, pattern) -> None:
+    model = build(n_steps=32, batch_size=32, n_epochs=1, nonfinite="skip", **kwargs)
+    with pytest.raises(ValueError, match=pattern):
+        model.learn(5 * 32)
+    assert model._n_updates == 1  # the first update ran; the bad one took no optimizer step
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+def test_schedules_reaching_zero_or_below_still_train_as_ppo() -> None:
+    """A linear schedule reaches 0 at the last update, and below it when the last rollout overshoots the budget
+    (progress_remaining < 0): PPO trains with those values, and so does ScalablePPO, identically."""
+    schedules = dict(learning_rate=lambda progress: 1e-3 * progress, clip_range=lambda progress: 0.2 * progress)
+    ppo, scalable = train_pair("Pendulum-v1", 100, n_steps=32, batch_size=32, n_epochs=1, **schedules)
+    assert scalable._current_progress_remaining < 0
+    assert_identical(ppo, scalable)

@@ -39,6 +39,7 @@ from sb3_ppo_scale.core.checks import (
     check_net_arch,
     check_ppo_arguments,
     check_rollout_buffer_kwargs,
+    check_scheduled_value,
     plain_number,
 )
 from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
@@ -377,6 +378,8 @@ class ScalableOnPolicyMixin:
         """One update phase: ``n_epochs`` passes over the rollout in logical minibatches of ``batch_size``."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        check_scheduled_value("learning_rate", self.policy.optimizer.param_groups[0]["lr"],
+                              self._current_progress_remaining, finite=True)
         settings = self._loss_settings()
         with distribution_validation(False):
             rollout = self._prepare_rollout(settings)
@@ -396,9 +399,10 @@ class ScalableOnPolicyMixin:
 
     def _loss_settings(self) -> LossSettings:
         progress = self._current_progress_remaining
-        clip_range_vf = None if self.clip_range_vf is None else float(self.clip_range_vf(progress))  # type: ignore[operator]
+        clip_range_vf = None if self.clip_range_vf is None else check_scheduled_value(
+            "clip_range_vf", float(self.clip_range_vf(progress)), progress)  # type: ignore[operator]
         return LossSettings(
-            clip_range=float(self.clip_range(progress)),  # type: ignore[operator]
+            clip_range=check_scheduled_value("clip_range", float(self.clip_range(progress)), progress),  # type: ignore[operator]
             clip_range_vf=clip_range_vf,
             ent_coef=float(self.ent_coef),
             vf_coef=float(self.vf_coef),

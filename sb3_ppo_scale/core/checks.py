@@ -63,6 +63,19 @@ def schedule_value(value: object) -> float | None:
         return None
 
 
+def check_scheduled_value(name: str, value: float, progress_remaining: float, finite: bool = False) -> float:
+    """``value``, what ``name``'s schedule gave for this update, unless it is nan (or, with ``finite``, +-inf):
+    then a ValueError naming it. SB3 trains on with a nan ``clip_range`` (a nan loss whose policy gradient is zero:
+    only the value function learns) or a nan / inf ``learning_rate`` (nan parameters, and a torch distribution error
+    in the next rollout); ScalablePPO would skip the update's optimizer steps as non-finite until ``NonFiniteError``.
+    Other values (0, negative: SB3's progress overshoots below 0 in a last rollout past the budget) train as in PPO."""
+    if value != value or (finite and abs(value) == math.inf):
+        allowed = "finite numbers" if finite else "numbers (not nan)"
+        raise ValueError(f"{name}'s schedule gave {value!r} at progress_remaining={progress_remaining:.6g}; it must "
+                         f"give {allowed} for every update")
+    return value
+
+
 def _positive_at_start(schedule: object) -> bool:
     """A schedule's value at the start of training (``progress_remaining=1``) is a number > 0."""
     value = schedule_value(schedule(1.0))  # type: ignore[operator]  # SB3 calls its lr schedule at 1 when it builds too
