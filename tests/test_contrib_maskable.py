@@ -171,6 +171,36 @@ def test_bad_env_masks_stop_collection_with_a_clear_error(bad: str, pattern: str
         model.learn(128)
 
 
+class _TypedMasks(InvalidActionEnvDiscrete):
+    def __init__(self, kind: str) -> None:
+        super().__init__(dim=4, n_invalid_actions=1)
+        self.kind = kind
+
+    def action_masks(self):
+        masks = np.asarray(super().action_masks())
+        return {"str": masks.astype(str), "none": None, "float": masks.astype(np.float32)}[self.kind]
+
+
+@pytest.mark.parametrize(("kind", "pattern"), [("str", r"env.action_masks\(\) must hold booleans \(or numbers: nonzero "
+                                                        r"allows the action\), got dtype <U5"),
+                                               ("none", r"env.action_masks\(\) must hold booleans .*got dtype object")])
+def test_env_masks_that_are_not_booleans_or_numbers_are_named(kind: str, pattern: str) -> None:
+    """MaskablePPO fails inside torch ("can't convert np.ndarray of type numpy.str_"); numbers are masks there."""
+    with pytest.raises(ValueError, match=pattern):
+        ScalableMaskablePPO("MlpPolicy", make_vec_env(lambda: _TypedMasks(kind), n_envs=2), device="cpu", **SMALL).learn(64)
+    ScalableMaskablePPO("MlpPolicy", make_vec_env(lambda: _TypedMasks("float"), n_envs=2), device="cpu", **SMALL).learn(64)
+
+
+def test_predict_masks_as_contrib_takes_them() -> None:
+    """Strings are named; a tensor that requires grad (contrib reads it with th.as_tensor) is a mask, as on any device."""
+    model = ScalableMaskablePPO("MlpPolicy", vec("discrete", 1)(), device="cpu", **SMALL)
+    obs = model.env.reset()
+    with pytest.raises(ValueError, match=r"action_masks must hold booleans .*got dtype <U"):
+        model.predict(obs, action_masks=np.full((1, 20), "True"))
+    masks = th.zeros((1, 20), requires_grad=True) + th.eye(20)[3]
+    assert model.predict(obs, action_masks=masks, deterministic=True)[0][0] == 3
+
+
 def test_use_masking_false_is_maskable_ppo_without_masks() -> None:
     contrib = MaskablePPO("MlpPolicy", vec("discrete")(), seed=0, device="cpu", **SMALL).learn(128, use_masking=False)
     ours = ScalableMaskablePPO("MlpPolicy", vec("discrete")(), seed=0, device="cpu", **SMALL).learn(128, use_masking=False)

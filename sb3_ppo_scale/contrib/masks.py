@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import gymnasium as gym
+import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
@@ -34,10 +35,15 @@ def mask_blocks(action_space: spaces.Space) -> list[int]:
 
 def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int | None, argument: str) -> None:
     """Raise ValueError naming ``argument`` unless ``masks`` holds ``n_rows`` masks (any count when None) of
-    ``mask_dims`` entries each, with at least one allowed action in every row and sub-action block."""
+    ``mask_dims`` entries each, booleans or numbers (nonzero allows, as sb3-contrib reads them), with at least one
+    allowed action in every row and sub-action block. A tensor is read where it lives (sb3-contrib takes one on any
+    device, with or without ``requires_grad``)."""
     blocks = mask_blocks(action_space)
     mask_dims = sum(blocks)
-    array = np.asarray(masks)
+    array = masks.detach().cpu().numpy() if isinstance(masks, th.Tensor) else np.asarray(masks)
+    if array.dtype.kind not in "biuf":  # str, object (None, ragged rows): a TypeError from inside torch
+        raise ValueError(f"{argument} must hold booleans (or numbers: nonzero allows the action), got dtype "
+                         f"{array.dtype} ({array.ravel()[:4].tolist()!r}{' ...' if array.size > 4 else ''})")
     rows = n_rows if n_rows is not None else max(array.size // mask_dims, 1)
     if array.size != rows * mask_dims:
         raise ValueError(
