@@ -267,6 +267,55 @@ def test_cuda_graphs_refusal_says_what_to_pass(kwargs: dict, pattern: str) -> No
         ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", cuda_graphs=True, **kwargs, **SMALL)
 
 
+def _predict_inputs(model):
+    obs = model.env.reset()
+    _, state = model.predict(obs)
+    return obs, state
+
+
+@pytest.mark.parametrize(("make", "pattern"), [
+    (lambda s: (s[0][:, :, :5], s[1][:, :, :5]), r"state\[0\] must have shape \(n_lstm_layers, n_envs, lstm_hidden_size\) "
+                                                 r"= \(1, 2, 16\) for 2 observation\(s\), got \(1, 2, 5\)"),
+    (lambda s: (s[0][0], s[1][0]), r"state\[0\] must have shape .*got \(2, 16\)"),
+    (lambda s: s[0], r"state must be None or the \(hidden, cell\) pair predict returned .*got ndarray"),
+    (lambda s: (*s, s[0]), r"state must be None or the \(hidden, cell\) pair .*got tuple of 3"),  # contrib ignores the 3rd
+    (lambda s: (s[0] * np.nan, s[1]), r"state\[0\] must hold finite numbers .* with nan or inf"),
+])
+def test_a_bad_predict_state_is_named(make, pattern) -> None:
+    """RecurrentPPO fails inside torch (a reshape, the LSTM's size check, a distribution's nan check)."""
+    model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", policy_kwargs=LSTM, **SMALL)
+    obs, state = _predict_inputs(model)
+    with pytest.raises(ValueError, match=pattern):
+        model.predict(obs, state=make(state), episode_start=np.zeros(2, dtype=bool))
+
+
+@pytest.mark.parametrize(("episode_start", "pattern"), [
+    (np.zeros(3, dtype=bool), r"episode_start must hold one flag per observation \(2\), got shape \(3,\)"),
+    (True, r"episode_start must hold one flag per observation \(2\), got shape \(\)"),
+    (np.array([np.nan, 0.0]), r"episode_start must hold booleans \(or 0 / 1\), got \[nan, 0.0\]"),
+    (np.array(["yes", "no"]), r"episode_start must hold booleans \(or 0 / 1\)"),
+])
+def test_a_bad_episode_start_is_named(episode_start, pattern) -> None:
+    model = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), device="cpu", policy_kwargs=LSTM, **SMALL)
+    obs, state = _predict_inputs(model)
+    with pytest.raises(ValueError, match=pattern):
+        model.predict(obs, state=state, episode_start=episode_start)
+
+
+def test_predict_takes_what_recurrent_ppo_takes() -> None:
+    """Same actions and states as RecurrentPPO for the inputs it reads: lists, tensors, 0 / 1 numbers, and a state of
+    one env with its observations read as consecutive steps."""
+    contrib = RecurrentPPO("MlpLstmPolicy", cartpole()(), seed=0, device="cpu", policy_kwargs=LSTM, **SMALL)
+    ours = ScalableRecurrentPPO("MlpLstmPolicy", cartpole()(), seed=0, device="cpu", policy_kwargs=LSTM, **SMALL)
+    obs = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    _, state = contrib.predict(obs, deterministic=True)
+    for args in [(tuple(th.as_tensor(part) for part in state), [1, 0]), (state, np.array([[1.0], [0.0]])),
+                 ((state[0][:, :1], state[1][:, :1]), np.zeros(2))]:
+        expected = contrib.predict(obs, *args, deterministic=True)
+        actual = ours.predict(obs, *args, deterministic=True)
+        assert np.array_equal(expected[0], actual[0]) and all(np.array_equal(e, a) for e, a in zip(expected[1], actual[1]))
+
+
 @pytest.mark.parametrize("name", ["rollout_buffer_class", "rollout_buffer_kwargs"])
 def test_a_buffer_argument_is_refused_with_the_reason(name: str) -> None:
     """RecurrentPPO takes no buffer arguments (a TypeError); ours says why, and that no sequence buffer exists."""

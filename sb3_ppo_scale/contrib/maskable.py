@@ -134,9 +134,3 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
         if action_masks is not None:
             check_action_masks(action_masks, self.action_space, self._n_observations(observation), "action_masks")
         return super().predict(observation, state, episode_start, deterministic, action_masks=action_masks)
-
-    def _n_observations(self, observation: Any) -> int:
-        """How many observations ``observation`` holds, as the policy reads it (1 for a single, unbatched one)."""
-        tensor, _ = self.policy.obs_to_tensor(observation)
-        first = next(iter(tensor.values())) if isinstance(tensor, dict) else tensor
-        return int(first.shape[0])

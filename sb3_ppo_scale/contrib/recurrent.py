@@ -139,6 +139,44 @@ def evaluate_every_step(policy: ActorCriticPolicy, micro: Any, actions: th.Tenso
     return values, log_prob, entropy, distribution if with_distribution else None
 
 
+def _host_array(value: Any) -> np.ndarray:
+    """``value`` (an array, a list, a tensor on any device) as a NumPy array, for the checks below."""
+    return value.detach().cpu().numpy() if isinstance(value, th.Tensor) else np.asarray(value)
+
+
+def check_predict_state(state: Any, episode_start: Any, n_obs: int, state_shape: tuple[int, ...]) -> None:
+    """ValueError naming ``state`` or ``episode_start`` unless RecurrentPPO's ``predict`` can read them for ``n_obs``
+    observations: ``state`` None or the (hidden, cell) pair ``predict`` returns, two finite arrays of shape
+    ``(n_layers, n_seq, hidden)`` (``state_shape`` with ``n_seq = 1``), where ``n_seq`` divides ``n_obs`` (one
+    state per env; contrib reads ``n_obs / n_seq`` observations per env as consecutive steps); ``episode_start`` None
+    or ``n_obs`` flags, each 0 / 1 (True / False). Else contrib fails inside torch (a reshape, the LSTM's size check, a
+    distribution's nan check) or, for a third state entry, ignores it."""
+    layers, _, hidden = state_shape
+    if state is not None:
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise ValueError(f"state must be None or the (hidden, cell) pair predict returned (2 arrays of shape "
+                             f"({layers}, {n_obs}, {hidden}) for {n_obs} observation(s)), got "
+                             f"{type(state).__name__} of {len(state) if isinstance(state, (tuple, list)) else 1}")
+        for index, part in enumerate(state):
+            array = _host_array(part)
+            shape = array.shape
+            if len(shape) != 3 or shape[0] != layers or shape[2] != hidden or shape[1] < 1 or n_obs % shape[1]:
+                raise ValueError(f"state[{index}] must have shape (n_lstm_layers, n_envs, lstm_hidden_size) = "
+                                 f"({layers}, {n_obs}, {hidden}) for {n_obs} observation(s), got {shape}")
+            if array.dtype.kind not in "biuf" or not np.isfinite(array).all():
+                raise ValueError(f"state[{index}] must hold finite numbers (the LSTM states predict returned), got "
+                                 f"dtype {array.dtype}{'' if array.dtype.kind not in 'biuf' else ' with nan or inf'}")
+        if _host_array(state[0]).shape != _host_array(state[1]).shape:
+            raise ValueError(f"state's hidden and cell arrays must have one shape, got {_host_array(state[0]).shape} "
+                             f"and {_host_array(state[1]).shape}")
+    if episode_start is not None:
+        starts = _host_array(episode_start)
+        if starts.size != n_obs:
+            raise ValueError(f"episode_start must hold one flag per observation ({n_obs}), got shape {starts.shape}")
+        if starts.dtype.kind not in "biuf" or not np.isin(starts, (0, 1)).all():
+            raise ValueError(f"episode_start must hold booleans (or 0 / 1), got {starts.ravel()[:8].tolist()!r}")
+
+
 #: PPO's buffer arguments, which RecurrentPPO does not take (its buffer is built from the policy's LSTM shapes).
 BUFFER_ARGUMENTS = frozenset({"rollout_buffer_class", "rollout_buffer_kwargs"})
 
@@ -279,6 +317,19 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
                               self.device, shuffle=shuffle)
 
     _lean_reproduces = RecurrentPPO
+
+    def predict(  # type: ignore[override]
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """RecurrentPPO's ``predict``, after checking ``state`` and ``episode_start`` (:func:`check_predict_state`)."""
+        if state is not None or episode_start is not None:
+            check_predict_state(state, episode_start, self._n_observations(observation),
+                                self.policy.lstm_hidden_state_shape)
+        return super().predict(observation, state, episode_start, deterministic)
 
     def _lean_blocker(self) -> str | None:
         return recurrent_lean_blocker(self.policy)

@@ -358,6 +358,13 @@ class ScalableOnPolicyMixin:
             self._fused_evaluator = FusedEvaluator(self.policy, self._plain_evaluator)
         return self._fused_evaluator
 
+    def _n_observations(self, observation: Any) -> int:
+        """How many observations ``observation`` holds, as the policy reads it (1 for a single, unbatched one); for
+        the checks of ``predict``'s per-observation arguments (action masks, LSTM states)."""
+        tensor, _ = self.policy.obs_to_tensor(observation)
+        first = next(iter(tensor.values())) if isinstance(tensor, dict) else tensor
+        return int(first.shape[0])
+
     def _boundary_state(self) -> dict[str, Any]:
         """State of the algorithm's own that changes during collection and that ``save()`` leaves out, as it is now
         (at a rollout boundary); the checkpoint stores it with SB3's ``_last_obs`` (default: none). Returned values
