@@ -320,3 +320,40 @@ def test_schedules_reaching_zero_or_below_still_train_as_ppo() -> None:
     ppo, scalable = train_pair("Pendulum-v1", 100, n_steps=32, batch_size=32, n_epochs=1, **schedules)
     assert scalable._current_progress_remaining < 0
     assert_identical(ppo, scalable)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [  # PPO: ZeroDivisionError after the first rollout and update; "'str' object is not callable" at the first step;
+        # "'<' not supported between 'int' and 'NoneType'"; nan trains nothing, silently
+        (dict(total_timesteps=64, log_interval=0), ValueError, r"learn\(\): log_interval must be None \(no logs\) or a "
+                                                               r"non-zero number of iterations between logs, got 0"),
+        (dict(total_timesteps=64, log_interval="1"), ValueError, r"log_interval must be None .*got '1'"),
+        (dict(total_timesteps=64, callback="checkpoint"), TypeError, r"learn\(\): callback must be None, a BaseCallback, "
+                                                                     r"a list of BaseCallbacks or a function"),
+        (dict(total_timesteps=64, callback=[lambda local, glob: True]), TypeError, r"callback must be None, a BaseCallback"),
+        (dict(total_timesteps=None), TypeError, r"learn\(\): total_timesteps must be a number of env steps, got None"),
+        (dict(total_timesteps="64"), TypeError, r"total_timesteps must be a number of env steps, got '64'"),
+        (dict(total_timesteps=math.nan), ValueError, r"total_timesteps must be a number of env steps, got nan"),
+    ],
+)
+def test_bad_learn_arguments_are_named_before_collecting(kwargs, error, pattern) -> None:
+    model = build(n_steps=32, batch_size=32, n_epochs=1)
+    with pytest.raises(error, match=pattern):
+        model.learn(**kwargs)
+    assert model.num_timesteps == 0
+
+
+def test_learn_takes_what_ppo_trains_with() -> None:
+    """A float budget (rounded up to whole rollouts), 0 or a negative one (nothing to do), a NumPy int, a negative
+    log_interval, a function or a list of callbacks: as PPO."""
+    from stable_baselines3.common.callbacks import CallbackList, EveryNTimesteps
+
+    model = build(n_steps=32, batch_size=32, n_epochs=1)
+    model.learn(0)
+    model.learn(-5)
+    assert model.num_timesteps == 0
+    model.learn(40.5, log_interval=-1, callback=lambda local, glob: True)
+    assert model.num_timesteps == 64
+    model.learn(np.int64(32), callback=[EveryNTimesteps(16, CallbackList([]))], log_interval=None)
+    assert model.num_timesteps == 32

@@ -36,6 +36,7 @@ from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.checkpoint import load_checkpoint
 from sb3_ppo_scale.core.checks import (
     check_batching,
+    check_learn_arguments,
     check_net_arch,
     check_ppo_arguments,
     check_rollout_buffer_kwargs,
@@ -222,6 +223,16 @@ class ScalableOnPolicyMixin:
         if state is None and "_kl_beta" in self.__dict__:
             state = {"kl_beta": self.__dict__["_kl_beta"]}
         return dict(state or {})
+
+    def learn(self, *args: Any, **kwargs: Any) -> Any:
+        """The algorithm's ``learn()`` (same arguments), after :func:`~sb3_ppo_scale.core.checks.check_learn_arguments`."""
+        try:
+            bound = inspect.signature(algorithm_base(type(self)).learn).bind(self, *args, **kwargs)
+        except TypeError:  # the algorithm's own error for a missing or unknown argument
+            return super().learn(*args, **kwargs)  # type: ignore[misc]
+        bound.apply_defaults()
+        check_learn_arguments(*(bound.arguments[name] for name in ("total_timesteps", "callback", "log_interval")))
+        return super().learn(*args, **kwargs)  # type: ignore[misc]
 
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
         self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)

@@ -129,6 +129,30 @@ def check_net_arch(policy_kwargs: Mapping[str, Any] | None, policy_class: type |
                          f"got {(policy_kwargs or {})['net_arch']!r}")
 
 
+def check_learn_arguments(total_timesteps: object, callback: object, log_interval: object) -> None:
+    """``learn()``'s arguments where SB3 fails late and without naming them (``log_interval=0``: a
+    ZeroDivisionError after the first rollout and update; a str ``callback``: "'str' object is not callable" at the
+    first step), or silently trains nothing (``total_timesteps=nan``). What PPO trains with is taken: a float budget
+    (rounded up to whole rollouts), 0 or less (nothing to do), ``math.inf``, a negative ``log_interval``."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    if not is_number(total_timesteps):
+        raise TypeError(f"learn(): total_timesteps must be a number of env steps, got {total_timesteps!r}")
+    if total_timesteps != total_timesteps:
+        raise ValueError("learn(): total_timesteps must be a number of env steps, got nan")
+    if log_interval is not None and not (is_number(log_interval) and log_interval != 0 and math.isfinite(log_interval)):
+        raise ValueError(f"learn(): log_interval must be None (no logs) or a non-zero number of iterations between "
+                         f"logs, got {log_interval!r}")
+    if isinstance(callback, list):  # SB3 makes a CallbackList of it, which takes BaseCallbacks only
+        usable = all(isinstance(item, BaseCallback) for item in callback)
+    else:  # SB3 wraps a function in a ConvertCallback and calls it at every step
+        usable = callback is None or isinstance(callback, BaseCallback) or (
+            callable(callback) and not isinstance(callback, type))
+    if not usable:
+        raise TypeError(f"learn(): callback must be None, a BaseCallback, a list of BaseCallbacks or a function "
+                        f"(locals, globals) -> bool, got {callback!r}")
+
+
 def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: int = 1) -> None:
     """A minibatch may be as large as the whole rollout (``n_steps * n_envs``, of all ``world_size`` data-parallel
     ranks together), not larger."""
