@@ -189,6 +189,19 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs: dict, name: str) ->
                     rollout_buffer_class=PrioritizedRolloutBuffer, rollout_buffer_kwargs=kwargs)
 
 
+def test_numpy_numbers_are_numbers() -> None:
+    """np.float32 fractions (a sweep's) were refused as "must be a number"; np.float64 and np.int64 were taken."""
+    model = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=64, batch_size=32, n_epochs=1,
+                        rollout_buffer_class=PrioritizedRolloutBuffer,
+                        rollout_buffer_kwargs=dict(high_fraction=np.float32(0.5), evict_fraction=np.float32(0.25),
+                                                   capacity=np.int64(128)))
+    model.learn(128)
+    assert model.rollout_buffer.high_fraction == 0.5 and model.rollout_buffer.evict_fraction == 0.25
+    for bad in (dict(high_fraction=np.float32("nan")), dict(capacity=np.True_), dict(evict_fraction=np.float32(1))):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PrioritizedRolloutBuffer(64, spaces.Box(-1, 1, (2,)), spaces.Discrete(2), **bad)
+
+
 def test_unsupported_space_is_a_clear_error() -> None:
     obs = spaces.Dict({"a": spaces.Box(-1, 1, (2,))})
     with pytest.raises(ValueError, match="Dict observations are not supported"):

@@ -52,12 +52,12 @@ import math
 from collections.abc import Generator
 from typing import Any
 
-import numpy as np
 import torch as th
 from gymnasium import spaces
 from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from stable_baselines3.common.buffers import RolloutBuffer
 
+from sb3_ppo_scale.core.checks import is_int, is_number
 from sb3_ppo_scale.core.rollout import DeviceRollout
 from sb3_ppo_scale.core.sampling import uniform_order
 
@@ -77,16 +77,16 @@ def check_prioritized_args(
     """Raise ValueError naming the first bad argument and what is allowed."""
     if not isinstance(priority, str) or priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
-    if isinstance(high_fraction, bool) or not isinstance(high_fraction, (int, float)) or not 0.0 <= high_fraction <= 1.0:
+    if not is_number(high_fraction) or not 0.0 <= high_fraction <= 1.0:  # type: ignore[operator]  # NumPy numbers too
         raise ValueError(f"high_fraction must be a number in [0, 1], got {high_fraction!r}")
     if not isinstance(importance_correction, bool):
         raise ValueError(f"importance_correction must be True or False, got {importance_correction!r}")
     if capacity is not None:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < rollout_size:
+        if not is_int(capacity) or capacity < rollout_size:  # type: ignore[operator]
             raise ValueError(
                 f"capacity must be None or an int >= the rollout size n_steps * n_envs = {rollout_size}, got {capacity!r}"
             )
-    if isinstance(evict_fraction, bool) or not isinstance(evict_fraction, (int, float)) or not 0.0 < evict_fraction < 1.0:
+    if not is_number(evict_fraction) or not 0.0 < evict_fraction < 1.0:  # type: ignore[operator]
         raise ValueError(f"evict_fraction must be a number in the open interval (0, 1), got {evict_fraction!r}")
 
 
