@@ -166,11 +166,20 @@ def test_gymnasium_atari_ids_map_to_envpool_tasks() -> None:
     assert env.reset().shape == (1, 4, 84, 84)
 
 
-@pytest.mark.parametrize("bad", [{"env_id": "NoSuchEnv-v0"}, {"n_envs": 0}])
+@pytest.mark.parametrize("bad", [{"env_id": "NoSuchEnv-v0"}, {"n_envs": 0}, {"n_envs": True}, {"seed": 1.7},
+                                 {"seed": "1"}, {"seed": None}])
 def test_bad_arguments(bad: dict) -> None:
-    kwargs = {"env_id": "CartPole-v1", "n_envs": 2, **bad}
+    """n_envs=True was one env; seed 1.7 and "1" were int()-ed to 1, silently; None was int()'s TypeError."""
+    kwargs = {"env_id": "CartPole-v1", "n_envs": 2, "seed": 0, **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
-        make_envpool_vec_env(**kwargs, seed=0)
+        make_envpool_vec_env(**kwargs)
+
+
+def test_reseeding_takes_ints_only() -> None:
+    env = make_envpool_vec_env("CartPole-v1", 2, seed=np.int64(3))
+    assert env.seed(np.int32(5)) == [5, 6] and env.seed(None) == [None, None]
+    with pytest.raises(ValueError, match=r"seed must be an int \(env i is seeded with seed \+ i\), got 2.5"):
+        env.seed(2.5)
 
 
 @pytest.mark.parametrize("algo", [PPO, ScalablePPO])

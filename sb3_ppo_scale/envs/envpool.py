@@ -30,6 +30,7 @@ from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.envs.tasks import import_envpool, resolve_task
 
 
@@ -73,8 +74,9 @@ class EnvPoolVecEnv(VecEnv):
     """
 
     def __init__(self, env_id: str, n_envs: int, seed: int = 0, **env_kwargs: Any) -> None:
-        if not isinstance(n_envs, (int, np.integer)) or n_envs < 1:
+        if not is_int(n_envs) or n_envs < 1:  # type: ignore[operator]  # a bool is no count
             raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
+        _check_seed(seed)
         self.env_id = env_id
         self.task_id, self.envpool_options, self.atari = resolve_task(env_id, env_kwargs)
         self._seed = int(seed)
@@ -171,6 +173,7 @@ class EnvPoolVecEnv(VecEnv):
         """Re-seed: the pool is rebuilt with ``seed`` (env i: ``seed + i``) at the next ``reset()``."""
         if seed is None:
             return [None] * self.num_envs
+        _check_seed(seed)
         self._pending_seed = int(seed)
         return [int(seed) + i for i in range(self.num_envs)]
 
@@ -196,6 +199,12 @@ class EnvPoolVecEnv(VecEnv):
         raise NotImplementedError("EnvPoolVecEnv does not render")
 
 
+def _check_seed(seed: object) -> None:
+    """EnvPool seeds env i with ``seed + i``: an int (``int()`` would silently cut 1.7 to 1 and read "1")."""
+    if not is_int(seed):
+        raise ValueError(f"seed must be an int (env i is seeded with seed + i), got {seed!r}")
+
+
 def make_envpool_vec_env(env_id: str, n_envs: int, seed: int = 0, **env_kwargs: Any) -> EnvPoolVecEnv:
     """An SB3 VecEnv of ``n_envs`` EnvPool envs of task ``env_id``, env ``i`` seeded with ``seed + i``.
 
@@ -204,6 +213,6 @@ def make_envpool_vec_env(env_id: str, n_envs: int, seed: int = 0, **env_kwargs: 
     :param env_kwargs: EnvPool options (``max_episode_steps``, ``num_threads``, Atari ``episodic_life``, ...);
         they override the SB3-matching Atari settings.
     :raises ImportError: EnvPool is missing (the message names ``pip install sb3-ppo-scale[envpool]``).
-    :raises ValueError: unknown ``env_id`` or ``n_envs < 1``.
+    :raises ValueError: unknown ``env_id``, ``n_envs`` not an int >= 1, or ``seed`` not an int.
     """
     return EnvPoolVecEnv(env_id, n_envs, seed, **env_kwargs)
