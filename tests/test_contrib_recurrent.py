@@ -252,6 +252,10 @@ def test_save_and_load_keep_the_model_and_its_arguments(tmp_path) -> None:
     (dict(policy_kwargs=dict(lstm_hidden_size=-1)), r"policy_kwargs\['lstm_hidden_size'\] must be an int >= 1, got -1"),
     (dict(policy_kwargs=dict(lstm_hidden_size=64.5)), r"policy_kwargs\['lstm_hidden_size'\] must be an int >= 1"),
     (dict(policy_kwargs=dict(n_lstm_layers=0)), r"policy_kwargs\['n_lstm_layers'\] must be an int >= 1, got 0"),
+    # RecurrentPPO: torch's "hidden_size should be of type int, got: int64"
+    (dict(policy_kwargs=dict(lstm_hidden_size=np.int64(8))), r"policy_kwargs\['lstm_hidden_size'\] must be a Python int "
+                                                              r"\(torch's nn.LSTM takes no NumPy integer\)"),
+    (dict(policy_kwargs=dict(n_lstm_layers=np.int32(2))), r"policy_kwargs\['n_lstm_layers'\] must be a Python int"),
 ])
 def test_bad_arguments_are_named(kwargs: dict, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):

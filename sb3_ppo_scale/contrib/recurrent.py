@@ -234,6 +234,9 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
             value = (self.policy_kwargs or {}).get(key)
             if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"policy_kwargs['{key}'] must be an int >= 1, got {value!r}")
+            if value is not None and not isinstance(value, int):  # nn.LSTM: "hidden_size should be of type int"
+                raise ValueError(f"policy_kwargs['{key}'] must be a Python int (torch's nn.LSTM takes no NumPy "
+                                 f"integer), got {value!r}; pass int({value!r})")
         if not isinstance(self.batched_sequences, bool):
             raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
         if config.overlap_collection:
