@@ -62,6 +62,8 @@ def test_bad_arguments_raise_value_error(kwargs, pattern) -> None:
         (dict(ent_coef=float("nan")), r"ent_coef must be a finite number, got nan"),
         (dict(max_grad_norm=-1), r"max_grad_norm must be a number > 0 \(math.inf: no clipping\), got -1"),
         (dict(target_kl=0), r"target_kl must be None or a number > 0, got 0"),
+        (dict(clip_range_vf="0.2"), r"clip_range_vf must be None, a number > 0 or a schedule, got '0.2'"),  # SB3: "The
+        # learning rate schedule must be a float or a callable" (an AssertionError)
         (dict(learning_rate=-3e-4), r"learning_rate must be a finite number > 0, a schedule .*, got -0.0003"),
         (dict(learning_rate=True), r"learning_rate must be a finite number > 0, a schedule .*, got True"),
         (dict(learning_rate=math.inf), r"learning_rate must be a finite number > 0, a schedule .*, got inf"),

@@ -85,7 +85,7 @@ def _positive_at_start(schedule: object) -> bool:
 #: PPO's own numeric arguments that SB3 takes without a check, although some values silently stop or reverse
 #: learning (``n_epochs=0`` never updates, ``max_grad_norm=-1`` turns every step into gradient ascent, a negative
 #: ``target_kl`` stops every epoch at its first minibatch, ``clip_range <= 0`` clips every ratio to at most 1):
-#: name -> (what is allowed, the test). ``clip_range_vf`` SB3 checks itself, ``learning_rate``
+#: name -> (what is allowed, the test). ``clip_range_vf``'s sign SB3 checks itself, ``learning_rate``
 #: :func:`~sb3_ppo_scale.core.lr.resolve_learning_rate`.
 PPO_ARGUMENTS = {
     "n_steps": ("an int >= 1", lambda v: is_int(v) and v >= 1),
@@ -98,6 +98,9 @@ PPO_ARGUMENTS = {
     "ent_coef": ("a finite number", lambda v: is_number(v) and math.isfinite(v)),
     "max_grad_norm": ("a number > 0 (math.inf: no clipping)", lambda v: is_number(v) and v > 0),
     "target_kl": ("None or a number > 0", lambda v: v is None or (is_number(v) and v > 0)),
+    # only the type: SB3 asserts a number's sign itself (its tests expect that AssertionError), but reports anything
+    # else as "The learning rate schedule must be a float or a callable"
+    "clip_range_vf": ("None, a number > 0 or a schedule", lambda v: v is None or callable(v) or is_number(v)),
 }
 
 
