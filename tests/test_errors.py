@@ -359,3 +359,15 @@ def test_learn_takes_what_ppo_trains_with() -> None:
     assert model.num_timesteps == 64
     model.learn(np.int64(32), callback=[EveryNTimesteps(16, CallbackList([]))], log_interval=None)
     assert model.num_timesteps == 32
+
+
+def test_kl_coef_given_at_load_is_the_new_initial_beta(tmp_path) -> None:
+    """The saved, adapted beta used to override load(..., kl_coef=...) without a word (model.kl_coef said 5.0, beta
+    stayed 4.0); without kl_coef, or with the same one, the adapted beta carries on."""
+    model = build(n_steps=64, batch_size=32, n_epochs=2, objective="kl_penalty", kl_penalty_target=1e-6)
+    model.learn(128)
+    assert model.kl_beta != 1.0
+    model.save(tmp_path / "model.zip")
+    assert ScalablePPO.load(tmp_path / "model.zip", device="cpu", kl_coef=5.0).kl_beta == 5.0
+    assert ScalablePPO.load(tmp_path / "model.zip", device="cpu").kl_beta == model.kl_beta
+    assert ScalablePPO.load(tmp_path / "model.zip", device="cpu", kl_coef=1.0).kl_beta == model.kl_beta

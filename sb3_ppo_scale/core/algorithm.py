@@ -82,7 +82,8 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         The rollout crosses to that device once per rollout and minibatches are gathered there.
     :param objective: "clip" (default, SB3's PPO-Clip), "kl_penalty" (PPO-Penalty: maximise r * A - beta * KL,
         no clipping) or "clip_kl_penalty" (both terms, as RLlib does).
-    :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model.
+    :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model;
+        ``load(..., kl_coef=b)`` with another value starts beta at ``b`` again.
     :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
         rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.kl.AdaptiveKLCoefficient`); None keeps
         beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.kl.KL_COEF_BOUNDS`.
@@ -218,11 +219,15 @@ class ScalableOnPolicyMixin:
         super()._setup_lr_schedule()
 
     def _saved_objective_state(self) -> dict[str, Any]:
-        """The objective state a loaded model carries (models saved before objectives were objects kept ``_kl_beta``)."""
+        """The objective state a loaded model carries (models saved before objectives were objects kept ``_kl_beta``),
+        unless ``load(..., kl_coef=b)`` chose another initial beta than the one the saved beta adapted from: then beta
+        starts at ``b`` (the saved adapted beta would have overridden it without a word)."""
         state = self.__dict__.get("_objective_state")
         if state is None and "_kl_beta" in self.__dict__:
             state = {"kl_beta": self.__dict__["_kl_beta"]}
-        return dict(state or {})
+        state = dict(state or {})
+        adapted_from = state.pop("kl_coef", None)  # saved since kl_coef at load counts; older models restore beta
+        return {} if adapted_from is not None and adapted_from != float(self.kl_coef) else state
 
     def learn(self, *args: Any, **kwargs: Any) -> Any:
         """The algorithm's ``learn()`` (same arguments), after :func:`~sb3_ppo_scale.core.checks.check_learn_arguments`."""
@@ -263,8 +268,9 @@ class ScalableOnPolicyMixin:
         return float(self.kl_coef) if beta is None else beta.value
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's ``save``, with the objective's state (beta) among the saved attributes."""
-        self._objective_state = self._objective.state_dict()
+        """SB3's ``save``, with the objective's state (beta, and the ``kl_coef`` it adapted from) among the saved
+        attributes."""
+        self._objective_state = {**self._objective.state_dict(), "kl_coef": float(self.kl_coef)}
         super().save(*args, **kwargs)
 
     @classmethod
