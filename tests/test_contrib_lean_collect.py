@@ -101,6 +101,8 @@ def test_rollout_equals_maskable_ppo_loop(kind: str, use_masking: bool, monkeypa
     assert_same_state(list(contrib.ep_info_buffer), list(lean.ep_info_buffer), "ep_info_buffer")
     assert len(contrib_locals.steps) == len(lean_locals.steps) == 2 * N_STEPS
     assert_same_state(contrib_locals.steps, lean_locals.steps, "locals")
+    # callbacks find the training VecEnv under "env", as in MaskablePPO's loop (the masks' check wraps nothing)
+    assert all(env is contrib.env for env in contrib_locals.envs) and all(env is lean.env for env in lean_locals.envs)
     masks_seen = [step["action_masks"] is not None for step in lean_locals.steps]
     assert all(masks_seen) if use_masking else not any(masks_seen)
     if use_masking:  # the masks were obeyed: every stored action is allowed by its stored mask

@@ -4,6 +4,8 @@ masked distribution in the KL, predict and save/load as MaskablePPO's, and bad m
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch as th
@@ -11,6 +13,7 @@ from gymnasium import spaces
 from sb3_contrib import MaskablePPO
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
 from sb3_contrib.common.maskable.distributions import make_masked_proba_distribution
+from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import MaskablePrioritizedRolloutBuffer, PrioritizedRolloutBuffer, ScalableMaskablePPO
@@ -163,10 +166,18 @@ class _BadMasks(InvalidActionEnvDiscrete):
         return [False] * 4 if self.bad == "all_false" else [True] * 3
 
 
+class _OwnForward(MaskableActorCriticPolicy):
+    """A policy with its own ``forward``: collection runs MaskablePPO's loop, not the lean one."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(*args, **kwargs)
+
+
+@pytest.mark.parametrize("policy", ["MlpPolicy", _OwnForward])
 @pytest.mark.parametrize(("bad", "pattern"), [("all_false", r"env.action_masks\(\) allows no action at row 0"),
                                               ("shape", r"env.action_masks\(\) must hold 4 entries per observation")])
-def test_bad_env_masks_stop_collection_with_a_clear_error(bad: str, pattern: str) -> None:
-    model = ScalableMaskablePPO("MlpPolicy", make_vec_env(lambda: _BadMasks(bad), n_envs=1), device="cpu", **SMALL)
+def test_bad_env_masks_stop_collection_with_a_clear_error(bad: str, pattern: str, policy: Any) -> None:
+    model = ScalableMaskablePPO(policy, make_vec_env(lambda: _BadMasks(bad), n_envs=1), device="cpu", **SMALL)
     with pytest.raises(ValueError, match=pattern):
         model.learn(128)
 

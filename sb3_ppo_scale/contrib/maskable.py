@@ -28,10 +28,10 @@ from sb3_contrib.common.maskable.buffers import (
     MaskableRolloutBuffer,
     MaskableRolloutBufferSamples,
 )
-from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
+from sb3_contrib.common.maskable.utils import is_masking_supported
 from stable_baselines3.common.policies import ActorCriticPolicy
 
-from sb3_ppo_scale.contrib.masks import MaskCheckingVecEnv, check_action_masks
+from sb3_ppo_scale.contrib.masks import check_action_masks, masks_checked_at_policy_call, read_action_masks
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.config import ScaleConfig
 from sb3_ppo_scale.core.evaluation import Evaluation, evaluate_with_distribution
@@ -54,7 +54,7 @@ def evaluate_masked(policy: ActorCriticPolicy, micro: Any, actions: th.Tensor, w
 
 
 class _CheckedMaskablePPO(MaskablePPO):
-    """MaskablePPO whose collection checks every step's masks (:class:`MaskCheckingVecEnv`) and takes
+    """MaskablePPO whose collection checks every step's masks (:func:`masks_checked_at_policy_call`) and takes
     ``use_masking`` from the model when the scale layer's collection path calls it with four arguments."""
 
     _use_masking: bool = True  # set per rollout by ScalableMaskablePPO.collect_rollouts
@@ -63,8 +63,10 @@ class _CheckedMaskablePPO(MaskablePPO):
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool | None = None) -> bool:
         use_masking = self._use_masking if use_masking is None else use_masking
-        checked = MaskCheckingVecEnv(env, self.action_space) if use_masking else env
-        return super().collect_rollouts(checked, callback, rollout_buffer, n_rollout_steps, use_masking)
+        if not use_masking:
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
+        with masks_checked_at_policy_call(self.policy, self.action_space, env.num_envs):
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps, use_masking)
 
 
 class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
@@ -107,14 +109,14 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
     _lean_reproduces = _CheckedMaskablePPO
 
     def _collect_lean(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
-        """MaskablePPO's loop, lean: with ``use_masking``, the env's masks (checked, :class:`MaskCheckingVecEnv`) are
+        """MaskablePPO's loop, lean: with ``use_masking``, the env's masks (checked, :func:`read_action_masks`) are
         read every step, sampled under and stored."""
         if not self._use_masking:
             return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps)
         if not is_masking_supported(env):
             raise ValueError("Environment does not support action masking. Consider using ActionMasker wrapper")
-        checked = MaskCheckingVecEnv(env, self.action_space)
-        return collect_rollouts_lean(self, checked, callback, rollout_buffer, n_rollout_steps, get_action_masks)
+        return collect_rollouts_lean(self, env, callback, rollout_buffer, n_rollout_steps,
+                                     lambda venv: read_action_masks(venv, self.action_space))
 
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool = True) -> bool:

@@ -13,13 +13,17 @@ them under ``info["action_mask"]``) get the ``action_masks()`` method MaskablePP
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import gymnasium as gym
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+from sb3_contrib.common.maskable.utils import get_action_masks
+from stable_baselines3.common.vec_env import VecEnv
+from torch import nn
 
 
 def mask_blocks(action_space: spaces.Space) -> list[int]:
@@ -62,29 +66,38 @@ def check_action_masks(masks: Any, action_space: spaces.Space, n_rows: int | Non
         )
 
 
-class MaskCheckingVecEnv(VecEnvWrapper):
-    """Passes everything through to ``venv``; the masks its envs' ``action_masks()`` return are checked first
-    (:func:`check_action_masks`), so a bad mask is a clear error before the policy samples from it.
+def read_action_masks(env: VecEnv, action_space: spaces.Space) -> np.ndarray:
+    """sb3-contrib's ``get_action_masks(env)`` (each env's ``action_masks()``, stacked), checked
+    (:func:`check_action_masks`) before the policy samples from them: the lean loop reads each step's masks with it.
 
-    :param venv: the training VecEnv.
+    :param env: the training VecEnv.
     :param action_space: the model's action space (what the masks must fit).
     """
+    masks = get_action_masks(env)
+    check_action_masks(masks, action_space, env.num_envs, "env.action_masks()")
+    return masks
 
-    def __init__(self, venv: VecEnv, action_space: spaces.Space) -> None:
-        super().__init__(venv)
-        self._action_space = action_space
 
-    def reset(self) -> Any:
-        return self.venv.reset()
+@contextmanager
+def masks_checked_at_policy_call(policy: nn.Module, action_space: spaces.Space, n_envs: int) -> Iterator[None]:
+    """While the block runs, the ``action_masks`` each ``policy(obs, action_masks=...)`` call receives are checked
+    (:func:`check_action_masks`, as the env's masks): how MaskablePPO's own collection loop, which reads the masks
+    itself, gets the check without another VecEnv around the user's (callbacks see the training env there).
 
-    def step_wait(self) -> Any:
-        return self.venv.step_wait()
+    :param policy: the maskable policy.
+    :param action_space: the model's action space (what the masks must fit).
+    :param n_envs: how many masks a collection step passes (one per env).
+    """
+    def check(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        masks = kwargs.get("action_masks")
+        if masks is not None:
+            check_action_masks(masks, action_space, n_envs, "env.action_masks()")
 
-    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
-        result = self.venv.env_method(method_name, *args, indices=indices, **kwargs)
-        if method_name == "action_masks":
-            check_action_masks(np.stack(result), self._action_space, len(result), "env.action_masks()")
-        return result
+    handle = policy.register_forward_pre_hook(check, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class InfoActionMasker(gym.Wrapper):
