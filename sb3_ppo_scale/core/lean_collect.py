@@ -22,7 +22,8 @@ number as it was:
 - the ``locals`` handed to callbacks are those of this function: ``self`` (the model), ``env``, ``callback``,
   ``rollout_buffer``, ``n_rollout_steps``, ``n_steps``, ``obs_tensor``, ``actions``, ``values``, ``log_probs``,
   ``clipped_actions``, ``action_masks``, ``new_obs``, ``rewards``, ``dones``, ``infos``: the names and values SB3's
-  loop has.
+  loop has, its tensors normal ones (not inference tensors: a callback may use them with autograd,
+  :func:`normal_tensor`).
 
 With ``action_masks_of`` it is sb3-contrib's ``MaskablePPO.collect_rollouts`` instead: each step's masks are read
 from the env before the policy call, the policy samples from the masked distribution and the buffer stores the masks
@@ -77,6 +78,16 @@ def to_host(*tensors: th.Tensor) -> tuple[th.Tensor, ...]:
     host = tuple(t.to("cpu", non_blocking=True) for t in tensors)
     th.cuda.current_stream(tensors[0].device).synchronize()
     return host
+
+
+def normal_tensor(tensor: th.Tensor) -> th.Tensor:
+    """``tensor``, made under ``torch.inference_mode``, as a normal tensor (which autograd may save and in-place
+    writes may change outside inference mode), as the ``no_grad`` tensors SB3's loop hands callbacks in ``locals``
+    are; the same values. On the CPU it shares ``tensor``'s memory (the buffer stores that memory after the
+    callbacks, so a callback's in-place write reaches it, as in SB3's loop); elsewhere it is a copy."""
+    if tensor.device.type == "cpu":
+        return th.from_numpy(tensor.numpy())
+    return tensor.clone()
 
 
 def observation_tensor(obs: np.ndarray | dict[str, np.ndarray], device: th.device) -> th.Tensor | dict[str, th.Tensor]:
@@ -192,8 +203,9 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
         if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
             self.policy.reset_noise(env.num_envs)
 
+        # made outside inference mode: a callback may use it with autograd, as SB3's loop's (see normal_tensor)
+        obs_tensor = observation_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
         with no_autograd:
-            obs_tensor = observation_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
             if action_masks_of is not None:
                 action_masks = action_masks_of(env)
             try:
@@ -202,6 +214,7 @@ def collect_rollouts_lean(self: OnPolicyAlgorithm, env: VecEnv, callback: BaseCa
                 stop_as_sb3_would(lambda: sb3_distribution(self.policy, obs_tensor, action_masks), error)
                 raise
             host_actions, host_values, host_log_probs = to_host(actions, values, log_probs)
+        values, log_probs = normal_tensor(values), normal_tensor(log_probs)  # what callbacks find in locals
         actions = host_actions.numpy()
         if box and has_nan(actions):
             stop_as_sb3_would(lambda: sb3_distribution(self.policy, obs_tensor, action_masks))
