@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import os
+import platform
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn, TypeVar
 
 import numpy as np
@@ -123,7 +126,20 @@ def skip_or_fail_in_ci(reason: str) -> NoReturn:
     its absence must fail the run instead of letting it pass without that test."""
     if in_ci():
         pytest.fail(f"{reason} (CI=true: this test must run in CI, not be skipped)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def import_envpool() -> ModuleType:
+    """``pytest.importorskip("envpool")``, except in CI on Linux x86-64, where the test extra installs EnvPool (its
+    only platform), so a missing or broken EnvPool fails the run instead of skipping every EnvPool test. Works at
+    module level too (a failure there is a collection error)."""
+    try:
+        return importlib.import_module("envpool")
+    except ImportError as error:
+        reason = f"EnvPool not importable ({error}): pip install 'sb3-ppo-scale[envpool]' (in the test extra)"
+        if platform.system() == "Linux" and platform.machine() == "x86_64":
+            skip_or_fail_in_ci(reason)
+        pytest.skip(f"{reason}; EnvPool has no wheel for this platform", allow_module_level=True)
 
 
 class RecordingLogger(Logger):

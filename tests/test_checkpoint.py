@@ -42,7 +42,7 @@ from sb3_ppo_scale.checkpoint import (
     resume_notes,
     save_checkpoint,
 )
-from tests.helpers import assert_identical
+from tests.helpers import assert_identical, import_envpool
 
 EPISODE = 16  #: FixedLengthEnv's episode length: rollouts of N_STEPS end exactly at episode ends
 N_STEPS, N_ENVS = 2 * EPISODE, 2
@@ -292,7 +292,7 @@ def test_a_checkpoint_loads_only_as_its_own_kind_of_algorithm(tmp_path: Path) ->
 
 def test_resuming_on_an_env_without_rng_access_says_so(tmp_path: Path) -> None:
     """A DummyVecEnv run resumed on an EnvPool VecEnv (whose envs expose no np_random): a note, not a crash."""
-    pytest.importorskip("envpool")
+    import_envpool()
     from sb3_ppo_scale.envs import make_envpool_vec_env
 
     model = ScalablePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2), n_steps=32, batch_size=64, device="cpu")

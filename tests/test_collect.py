@@ -12,7 +12,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
 from sb3_ppo_scale.core import collect
-from tests.helpers import assert_identical
+from tests.helpers import assert_identical, import_envpool
 
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=2, device="cpu", seed=0)
 
@@ -64,7 +64,7 @@ def test_bad_collect_device(bad) -> None:
 
 
 def test_overlap_collection_routes_envpool_rollouts_through_the_double_buffered_collector() -> None:
-    pytest.importorskip("envpool")
+    import_envpool()
     from sb3_ppo_scale.core import algorithm as ppo_module  # the mixin holds the collection path
     from sb3_ppo_scale.envs import make_envpool_vec_env
 

@@ -24,7 +24,7 @@ from sb3_ppo_scale.envs import (
     overlap_supported,
 )
 
-from helpers import max_param_diff
+from tests.helpers import import_envpool, max_param_diff
 
 
 def test_missing_envpool_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +34,7 @@ def test_missing_envpool_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "sb3-ppo-scale[envpool]" in ENVPOOL_EXTRA_HINT
 
 
-envpool = pytest.importorskip("envpool")
+envpool = import_envpool()
 
 CARTPOLE_20 = {"max_episode_steps": 20}  # CartPole with a 20-step limit: both terminations and truncations
 
