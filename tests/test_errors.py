@@ -178,13 +178,21 @@ def test_rollout_buffer_keyword_typo_names_the_allowed_keywords() -> None:
 def test_every_added_argument_reaches_the_config() -> None:
     """Each ScaleConfig field is a constructor argument stored on the model (a forgotten one would silently take
     its default)."""
+    import dataclasses
+
     from sb3_ppo_scale.core.config import ScaleConfig
 
     chosen = dict(grad_accum_steps=2, buffer_device="cpu", objective="kl_penalty", kl_coef=0.5, kl_penalty_target=0.02,
-                  kl_adapt_factor=3.0, kl_adapt_tolerance=2.0, cuda_graphs=False, compile_loss=False, nonfinite="raise",
+                  kl_adapt_factor=3.0, kl_adapt_tolerance=2.0, cuda_graphs=True, compile_loss=True, nonfinite="raise",
                   collect_device="cpu", overlap_collection=True)
-    assert set(chosen) == set(ScaleConfig.__dataclass_fields__)
-    assert ScaleConfig.of(build(**chosen)) == ScaleConfig(**chosen)
+    fields = dataclasses.fields(ScaleConfig)
+    assert set(chosen) == {field.name for field in fields}
+    assert all(chosen[field.name] != field.default for field in fields)  # a forgotten one would show
+    # cuda_graphs=True needs CUDA and excludes compile_loss=True: what the constructor stores, before the set-up checks
+    stored = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=64, device="cpu", _init_setup_model=False, **chosen)
+    assert ScaleConfig.of(stored) == ScaleConfig(**chosen)
+    runnable = dict(chosen, cuda_graphs=False, compile_loss=False)
+    assert ScaleConfig.of(build(**runnable)) == ScaleConfig(**runnable)
 
 
 def test_overlap_collection_without_envpool_says_why_it_is_not_used() -> None:
