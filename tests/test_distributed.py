@@ -41,6 +41,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale import distributed as dp
+from sb3_ppo_scale.core.step import LOCAL
 from tests.helpers import GivenOrderHooks
 
 WORLD = 2
@@ -332,7 +333,7 @@ def test_checkpoint_saved_by_rank_0_loads_in_a_single_process(learned) -> None:
     assert model.num_timesteps == 1024 and model.seed == 0 and model.n_envs == 2
     for key, value in model.policy.state_dict().items():
         assert th.equal(value, ranks[1]["cartpole"]["params"][key])
-    assert isinstance(model._reducer, type(model._reducer)) and model._reducer.world_size == 1
+    assert model._reducer is LOCAL  # the single-process reducer, nothing of the ranks' process group
 
 
 # ------------------------------------------------------------------------------------------------ errors
