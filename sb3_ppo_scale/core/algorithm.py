@@ -55,8 +55,8 @@ from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_dis
 from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
 from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate
 from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
-from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks
-from sb3_ppo_scale.core.sampling import Loader, MicroBatch, MinibatchLoader
+from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
+from sb3_ppo_scale.core.sampling import BufferLoader, Loader, MicroBatch, MinibatchLoader
 from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
 from sb3_ppo_scale.core.upstream import changed_upstream, collection_loop, update
 from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_blocker
@@ -188,6 +188,7 @@ class ScalableOnPolicyMixin:
         self._warn_if_update_upstream_changed()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())
+        self._check_own_sampling()
         self._rollout_stager: RolloutStager | None = None  # allocated by the first train(): loading allocates nothing
         self._graph_cache = GraphCache()  # cuda_graphs=True: the captured update, reused across train() calls
         # cuda_graphs=True: collection's captured policy step, reused across rollouts
@@ -200,6 +201,23 @@ class ScalableOnPolicyMixin:
         self._collection: CollectionPolicy | None = None  # the policy's copy on _collect_device, made when needed
         if self.env is None:  # loaded for inference: no rollout storage until learn() needs it
             self.rollout_buffer = None  # type: ignore[assignment]
+
+    def _check_own_sampling(self) -> None:
+        """A rollout buffer class with a sampling of its own (:func:`samples_itself`) hands the update minibatches of
+        samples, not of rollout indices: refuse the settings that need the indices (ValueError naming them)."""
+        buffer_class = getattr(self, "rollout_buffer_class", None)
+        if buffer_class is None or not samples_itself(buffer_class):
+            return
+        if self.cuda_graphs:
+            needs = "cuda_graphs=True (its graphs replay minibatches of rollout indices); pass cuda_graphs=False"
+        elif self._objective.needs_old_dist(kl_estimator(self.policy.action_dist)):
+            needs = (f"objective={self.objective!r} with this policy's analytic KL (each sample's rollout distribution "
+                     "is looked up by its index); pass objective='clip'")
+        else:
+            return
+        raise ValueError(f"rollout_buffer_class={buffer_class.__name__} draws its own minibatches (its get() / "
+                         f"_get_samples()), which the update iterates as {algorithm_base(type(self)).__name__}'s "
+                         f"train() does; that cannot be combined with {needs}")
 
     def _warn_if_update_upstream_changed(self) -> None:
         """Warn when the installed algorithm's ``train()`` (or the minibatch layout) is not the code the update was
@@ -354,7 +372,10 @@ class ScalableOnPolicyMixin:
 
     def _make_loader(self, rollout: DeviceRollout, batch_size: int, shuffle: bool = True) -> Loader:
         """How the rollout is cut into logical minibatches of ``batch_size`` samples each epoch (default: SB3 PPO's
-        permutation, or the buffer's hooks' order, sliced into samples)."""
+        permutation, or the buffer's hooks' order, sliced into samples; a buffer class with a sampling of its own is
+        iterated through its ``get``, as the algorithm's ``train()`` does)."""
+        if shuffle and samples_itself(type(self.rollout_buffer)):  # settings that need indices: _check_own_sampling
+            return BufferLoader(self.rollout_buffer, batch_size, self.grad_accum_steps)
         return MinibatchLoader(rollout, batch_size, self.grad_accum_steps if shuffle else 1, shuffle=shuffle,
                                target_device=self.device, order=self._hooks.epoch_order)
 

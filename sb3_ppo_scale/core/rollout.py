@@ -12,6 +12,7 @@ from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch as th
+from sb3_contrib.common.maskable.buffers import MaskableDictRolloutBuffer, MaskableRolloutBuffer
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 
@@ -237,3 +238,19 @@ UNIFORM_HOOKS = UniformHooks()
 def rollout_hooks(buffer: object) -> RolloutHooks:
     """``buffer`` itself when it implements :class:`RolloutHooks`, else :data:`UNIFORM_HOOKS`."""
     return buffer if isinstance(buffer, RolloutHooks) else UNIFORM_HOOKS
+
+
+#: The buffer classes whose minibatches (``get`` and ``_get_samples``) the update's loaders reproduce.
+REPRODUCED_SAMPLING = (RolloutBuffer, DictRolloutBuffer, MaskableRolloutBuffer, MaskableDictRolloutBuffer)
+
+
+def samples_itself(buffer_class: type) -> bool:
+    """Whether a rollout buffer class draws its minibatches its own way: its ``get`` or ``_get_samples`` is not that
+    of a class in :data:`REPRODUCED_SAMPLING` (a user's subclass that reorders, filters or transforms samples), and
+    it does not say how the update should sample through :class:`RolloutHooks` (the prioritized buffer does). The
+    update then iterates its ``get(batch_size)`` as the algorithm's ``train()`` does
+    (:class:`~sb3_ppo_scale.core.sampling.BufferLoader`)."""
+    if issubclass(buffer_class, RolloutHooks):
+        return False
+    return not any(buffer_class.get is base.get and buffer_class._get_samples is base._get_samples
+                   for base in REPRODUCED_SAMPLING)

@@ -4,13 +4,17 @@ The sample order is SB3's: one ``np.random.permutation(N)`` per epoch, sliced in
 ``batch_size`` (the last one shorter when ``batch_size`` does not divide N). Each logical minibatch is split
 into ``grad_accum_steps`` micro-batches whose sizes differ by at most one. Indices live on the rollout's
 device, so gathering a micro-batch never leaves it.
+
+A rollout buffer class with a sampling of its own (a ``get`` or ``_get_samples`` that is not SB3's or sb3-contrib's,
+see :func:`~sb3_ppo_scale.core.rollout.samples_itself`) is iterated as the algorithm's ``train()`` iterates it:
+:class:`BufferLoader` yields the minibatches its ``get(batch_size)`` yields, split the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch as th
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
@@ -148,3 +152,57 @@ class MinibatchLoader:
                 return
             indices = order_t[start : start + size]
             yield LogicalBatch(self.rollout, indices, min(self.grad_accum_steps, size), self.target_device)
+
+
+@dataclass
+class SamplesBatch:
+    """A logical minibatch that a rollout buffer's own ``get()`` drew: its samples as the buffer returned them (SB3's
+    samples tuple, or an algorithm's with extra fields), split into ``n_micro`` micro-batches on demand as
+    :class:`LogicalBatch` splits its indices."""
+
+    samples: Samples
+    n_micro: int
+
+    def __len__(self) -> int:
+        return self.samples.advantages.shape[0]
+
+    def advantages(self) -> th.Tensor:
+        """The minibatch's raw advantages (used for normalisation statistics)."""
+        return self.samples.advantages
+
+    def micro_batches(self, n_logical: int | None = None) -> Iterator[MicroBatch]:
+        """The micro-batches, each with its share of ``n_logical`` samples (default: ``len(self)``)."""
+        n_logical = len(self) if n_logical is None else n_logical
+        if self.n_micro == 1:
+            yield MicroBatch(self.samples, len(self) / n_logical)
+            return
+        rows = th.arange(len(self), device=self.samples.advantages.device)
+        for part in th.tensor_split(rows, self.n_micro):
+            yield MicroBatch(_select_rows(self.samples, part), part.shape[0] / n_logical)
+
+
+def _select_rows(samples: Any, rows: th.Tensor) -> Any:
+    """The ``rows`` of every tensor field of a samples tuple (dict observations key by key)."""
+    fields = [{key: value.index_select(0, rows) for key, value in field.items()} if isinstance(field, dict)
+              else field.index_select(0, rows) for field in samples]
+    return type(samples)(*fields)
+
+
+class BufferLoader:
+    """Each epoch, the minibatches ``buffer.get(batch_size)`` yields, in its order and with its random draws (what the
+    algorithm's ``train()`` iterates), as :class:`SamplesBatch` objects of ``grad_accum_steps`` micro-batches: for a
+    rollout buffer class with a sampling of its own (:func:`~sb3_ppo_scale.core.rollout.samples_itself`).
+
+    :param buffer: the model's rollout buffer, full.
+    :param batch_size: what the algorithm passes to ``get``.
+    :param grad_accum_steps: micro-batches per minibatch (fewer when a minibatch holds fewer samples).
+    """
+
+    def __init__(self, buffer: Any, batch_size: int, grad_accum_steps: int = 1) -> None:
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.grad_accum_steps = grad_accum_steps
+
+    def __iter__(self) -> Iterator[SamplesBatch]:
+        for samples in self.buffer.get(self.batch_size):
+            yield SamplesBatch(samples, min(self.grad_accum_steps, samples.advantages.shape[0]))
