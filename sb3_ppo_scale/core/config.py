@@ -71,7 +71,8 @@ class ScaleConfig:
     def check_runtime(self, model: Any, buffer_device: th.device, world_size: int = 1) -> None:
         """What needs the machine and the envs: rollout size (of all ``world_size`` data-parallel ranks), CUDA for
         graphs, a compiler for ``compile_loss``."""
-        # sb3-contrib's classes take a batch_size above the rollout as one whole-rollout minibatch; PPO refuses it
+        # sb3-contrib's classes take a batch_size above the rollout as one whole-rollout minibatch, as MaskablePPO and
+        # RecurrentPPO do; SB3's PPO does too (with a warning), but ScalablePPO refuses it (docs/features.md)
         if model.env is not None and not getattr(model, "_batch_may_exceed_rollout", False):
             check_rollout_size(model.batch_size, model.n_steps, model.n_envs, world_size)
         check_cuda_graphs(self.cuda_graphs, model.device, buffer_device, model.policy.optimizer)
