@@ -115,3 +115,55 @@ def test_early_stopping_messages_equal_ppos(capsys: pytest.CaptureFixture[str]) 
         printed.append([line for line in capsys.readouterr().out.splitlines() if line.startswith("Early stopping")])
     assert len(printed[0]) >= 2 and len({line.split(" due")[0] for line in printed[0]}) >= 2  # several epochs
     assert printed[1] == printed[0]
+
+
+def _table_without_timing(text: str) -> str:
+    """A logger's stdout tables without the rows that differ from run to run (wall-clock time) or exist only in
+    ScalablePPO's (``n_grad_steps``); the tables' widths follow from the rows kept."""
+    import re
+
+    rows = [line for line in text.splitlines() if not re.match(r"\|\s+(fps|time_elapsed|n_grad_steps)\s", line)]
+    return "\n".join(line for line in rows if not line.startswith("---"))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "maskable", "recurrent"])
+def test_logged_values_have_the_base_class_types_bits_and_print(algo: str) -> None:
+    """Every ``train/`` value has the base class's type and bits, not just an equal value (NumPy compares a
+    ``np.float32`` with a float in float32): ``approx_kl`` is ``np.mean`` of the last epoch's float32 KLs, summed in
+    float32 (a float64 mean of them differs from it in the last float32 bit over many minibatches), the loss means
+    are ``np.float64``. The stdout table (``verbose=1``, the ``log`` format) prints a ``np.float32`` in full and a
+    float with ``%.3g``, so it reads the same only then; CSV likewise."""
+    import io
+
+    from sb3_contrib import MaskablePPO, RecurrentPPO
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import HumanOutputFormat
+
+    from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
+    from tests.helpers import HistoryLogger
+
+    base, ours, policy, make = {
+        "ppo": (PPO, ScalablePPO, "MlpPolicy", lambda: make_vec_env("CartPole-v1", n_envs=1, seed=0)),
+        "maskable": (MaskablePPO, ScalableMaskablePPO, "MlpPolicy",
+                     lambda: make_vec_env(InvalidActionEnvDiscrete, n_envs=1, seed=0,
+                                          env_kwargs=dict(dim=10, n_invalid_actions=4))),
+        "recurrent": (RecurrentPPO, ScalableRecurrentPPO, "MlpLstmPolicy",
+                      lambda: make_vec_env("CartPole-v1", n_envs=1, seed=0)),
+    }[algo]
+    logged, printed = [], []
+    for cls in (base, ours):
+        # ppo: 64 minibatches an epoch, where approx_kl's float32 and float64 means round apart at the first update
+        model = cls(policy, make(), n_steps=256, batch_size=4 if algo == "ppo" else 64, n_epochs=2, seed=0,
+                    device="cpu")
+        model.set_logger(HistoryLogger())
+        table = io.StringIO()
+        model.logger.output_formats = [HumanOutputFormat(table)]
+        model.learn(3 * 256)
+        logged.append({key: [(type(value), repr(value)) for value in values]
+                       for key, values in model.logger.history.items() if key.startswith("train/")})
+        printed.append(_table_without_timing(table.getvalue()))
+    for key, values in logged[0].items():
+        assert logged[1][key] == values, key
+    assert printed[1] == printed[0]
