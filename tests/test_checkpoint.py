@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from gymnasium.envs.classic_control import PendulumEnv
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env, make_vec_env
 from stable_baselines3.common.vec_env import (
@@ -557,6 +558,8 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
     "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
     "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
+    "gymnasium_time_limit": (lambda: make_vec_env(lambda: _gymnasium_time_limit()(PendulumEnv(), TIME_LIMIT), n_envs=2,
+                                                  seed=5), {}),
     "gymnasium_wrappers": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5, wrapper_class=_gymnasium_wrappers), {}),
     "vec_monitor": (lambda: VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)), {}),
     "subproc_hopper": (lambda: VecNormalize(make_vec_env("Hopper-v5", n_envs=2, seed=5, vec_env_cls=SubprocVecEnv,
@@ -571,13 +574,25 @@ def _gymnasium_wrappers(env: gym.Env) -> gym.Env:
     return gym.wrappers.FlattenObservation(gym.wrappers.FrameStackObservation(env, 2))
 
 
+#: the time-limit cases' episode length: their episodes are at step 46 at the checkpoint (2 rollouts of 23 steps) and
+#: truncated at step 60, after the resume (a resumed step counter that restarted at 0 would truncate them at 106)
+TIME_LIMIT = 60
+
+
 def _with_rl_zoo3_time_limit() -> VecEnv:
-    """CartPole after rl_zoo3 has replaced Gymnasium's TimeLimit with its subclass (it does so on import)."""
+    """Pendulum after rl_zoo3 has replaced Gymnasium's TimeLimit with its subclass (it does so on import)."""
     import rl_zoo3.gym_patches  # noqa: F401
 
-    env = make_vec_env("CartPole-v1", n_envs=2, seed=5)
+    env = make_vec_env("Pendulum-v1", n_envs=2, seed=5, env_kwargs={"max_episode_steps": TIME_LIMIT})
     assert type(env.envs[0].env).__name__ == "PatchedTimeLimit"
     return env
+
+
+def _gymnasium_time_limit() -> type[gym.Wrapper]:
+    """Gymnasium's own TimeLimit, also once rl_zoo3 has put its subclass in its place (importing rl_zoo3 does so for
+    the whole process, and test modules that import it are collected before this test runs)."""
+    return next(cls for cls in gym.wrappers.TimeLimit.__mro__
+                if f"{cls.__module__}.{cls.__qualname__}" == "gymnasium.wrappers.common.TimeLimit")
 
 
 def _mid_episode_model(case: str) -> ScalablePPO:
@@ -605,6 +620,8 @@ def test_episodes_in_progress_continue_and_the_run_stays_bit_identical(case: str
     assert_identical(reference, resumed)
     assert [info["r"] for info in resumed.ep_info_buffer] == [info["r"] for info in reference.ep_info_buffer]
     assert np.array_equal(resumed._last_obs, reference._last_obs)
+    if case.endswith("time_limit"):  # the limit fell after the resume: a truncation the resumed run had to reproduce
+        assert [info["l"] for info in reference.ep_info_buffer] == [TIME_LIMIT] * 2
     for env in (reference.env, resumed.env, model.env):
         env.close()
 
