@@ -541,8 +541,8 @@ class OptedInEnv(FixedLengthEnv):
         self.t, self.x = state[0], state[1].copy()
 
 
-def _pong(env_id: str = "PongNoFrameskip-v4") -> VecEnv:
-    """Pong with SB3's Atari wrappers and 4 stacked frames (the zoo's Atari setting)."""
+def _atari(env_id: str) -> VecEnv:
+    """An Atari game with SB3's Atari wrappers and 4 stacked frames (the zoo's Atari setting)."""
     import ale_py
 
     gym.register_envs(ale_py)
@@ -556,7 +556,8 @@ MID_EPISODE_CASES: dict[str, tuple[Any, dict[str, Any]]] = {
     "cartpole": (lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5), {}),
     "pendulum_gsde": (lambda: make_vec_env("Pendulum-v1", n_envs=2, seed=5), {"use_sde": True, "sde_sample_freq": 4}),
     "own_env": (lambda: make_vec_env(OptedInEnv, n_envs=2, seed=5), {}),
-    "atari_frame_stack": (lambda: _pong(), {"policy": "CnnPolicy"}),
+    # Breakout: lives (EpisodicLifeEnv ends a training episode at each one lost; here at steps 67, 88 and 111 of env 0)
+    "atari_frame_stack": (lambda: _atari("BreakoutNoFrameskip-v4"), {"policy": "CnnPolicy"}),
     "rl_zoo3_time_limit": (lambda: _with_rl_zoo3_time_limit(), {}),
     "gymnasium_time_limit": (lambda: make_vec_env(lambda: _gymnasium_time_limit()(PendulumEnv(), TIME_LIMIT), n_envs=2,
                                                   seed=5), {}),
@@ -650,10 +651,10 @@ def test_an_env_layer_without_known_state_restarts_and_says_which(tmp_path: Path
 def test_sticky_actions_restart_and_say_why(tmp_path: Path) -> None:
     """ALE's state does not hold the previous action a sticky step repeats: v5 ids (repeat_action_probability 0.25)
     restart their episodes."""
-    model = ScalablePPO("CnnPolicy", _pong("ALE/Pong-v5"), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
+    model = ScalablePPO("CnnPolicy", _atari("ALE/Pong-v5"), n_steps=23, batch_size=23, n_epochs=1, seed=2, device="cpu",
                         policy_kwargs={"net_arch": [8]})
     model.learn(46)
-    resumed = load_checkpoint(save_checkpoint(model, tmp_path / "mid.pt"), _pong("ALE/Pong-v5"), device="cpu")
+    resumed = load_checkpoint(save_checkpoint(model, tmp_path / "mid.pt"), _atari("ALE/Pong-v5"), device="cpu")
     assert resume_notes(resumed) == ["2 env(s) restart their episode (mid-episode at the checkpoint, or a random "
                                      "reset; episodes in progress not restored: ale_py.env.AtariEnv repeats actions "
                                      "(sticky actions), and the emulator's previous action is not part of ALE's "
