@@ -372,7 +372,8 @@ def test_learn_takes_what_ppo_trains_with() -> None:
 def test_kl_coef_given_at_load_is_the_new_initial_beta(tmp_path) -> None:
     """The saved, adapted beta used to override load(..., kl_coef=...) without a word (model.kl_coef said 5.0, beta
     stayed 4.0); without kl_coef, or with the same one, the adapted beta carries on."""
-    model = build(n_steps=64, batch_size=32, n_epochs=2, objective="kl_penalty", kl_penalty_target=1e-6)
+    # seeded: with some seeds beta ends at 1.0 again (doubled, then halved), which made this test fail 1 run in 13
+    model = build(n_steps=64, batch_size=32, n_epochs=2, objective="kl_penalty", kl_penalty_target=1e-6, seed=0)
     model.learn(128)
     assert model.kl_beta != 1.0
     model.save(tmp_path / "model.zip")
