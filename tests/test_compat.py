@@ -167,14 +167,18 @@ def test_save_load_round_trip_and_continue(tmp_path) -> None:
     assert loaded._n_grad_steps == 2 * 2 * 2 + 2 * 2
 
 
-def test_load_with_fewer_envs_for_evaluation(tmp_path) -> None:
-    """batch_size = the whole rollout of 4 envs; loading with 1 env (to evaluate) works, training with it does not."""
-    ScalablePPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4), n_steps=16, batch_size=64, device="cpu").save(tmp_path / "m")
-    model = ScalablePPO.load(tmp_path / "m", env=make_vec_env("CartPole-v1", n_envs=1), device="cpu")
-    assert model.predict(np.zeros((1, 4), dtype=np.float32))[0].shape == (1,)
-    with pytest.raises(ValueError, match=r"batch_size must be between 1 and n_steps \* n_envs = 16 \* 1 = 16 .* pass "
-                                         r"batch_size \(to load\(..., batch_size=N\) for a loaded model\)"):
-        model.learn(16)
+def test_load_with_fewer_envs_trains_on_the_whole_rollout_as_ppo(tmp_path) -> None:
+    """batch_size = the whole rollout of 4 envs; loaded with 1 env, PPO trains on the 16-step rollout as one minibatch,
+    and so does ScalablePPO (parameters and Adam state equal)."""
+    PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4), n_steps=16, batch_size=64, seed=3, device="cpu").save(tmp_path / "m")
+    models = []
+    for cls in (PPO, ScalablePPO):
+        model = cls.load(tmp_path / "m", env=make_vec_env("CartPole-v1", n_envs=1, seed=2), device="cpu")
+        model.set_random_seed(5)
+        model.learn(32)
+        models.append(model)
+    assert models[1].predict(np.zeros((1, 4), dtype=np.float32))[0].shape == (1,)
+    assert_identical(*models)
 
 
 def test_load_rejects_bad_new_argument(tmp_path) -> None:

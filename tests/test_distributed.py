@@ -378,6 +378,11 @@ def test_bad_set_ups_are_value_errors_naming_the_argument() -> None:
     model.batch_size, model.grad_accum_steps = 64, 40
     with pytest.raises(ValueError, match="grad_accum_steps must be <= batch_size / world_size = 32"):
         dp.check_data_parallel(model, 2, "gloo")
+    model.batch_size, model.grad_accum_steps = 130, 1  # a single process would train on the whole rollout
+    with pytest.raises(ValueError, match=r"batch_size / world_size = 65 must be <= n_steps \* n_envs = 64 "
+                                         r"\(each rank's rollout\), got batch_size=130"):
+        dp.check_data_parallel(model, 2, "gloo")
+    model.batch_size = 64
     model.grad_accum_steps, model.cuda_graphs = 1, True
     with pytest.raises(ValueError, match="cuda_graphs=True needs CUDA devices and the NCCL backend.*'gloo'"):
         dp.check_data_parallel(model, 2, "gloo")

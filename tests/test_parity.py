@@ -55,6 +55,18 @@ def test_accumulation_with_uneven_and_short_batches(batch_size: int, grad_accum_
     assert max_param_diff(ppo, scalable) <= ACCUMULATION_ATOL
 
 
+@pytest.mark.parametrize("grad_accum_steps", [1, 50])
+def test_batch_size_above_the_rollout_trains_on_the_whole_rollout_as_ppo(grad_accum_steps: int) -> None:
+    """PPO warns and trains on the whole rollout as one minibatch; so does ScalablePPO (it used to refuse)."""
+    ppo, scalable = train_pair("Pendulum-v1", 3 * 32, scalable_kwargs=dict(grad_accum_steps=grad_accum_steps),
+                               n_steps=32, batch_size=100, n_epochs=3)
+    assert scalable._n_grad_steps == ppo._n_updates == 3 * 3  # one minibatch per epoch
+    if grad_accum_steps == 1:
+        assert_identical(ppo, scalable)
+    else:  # 32 samples in micro-batches: another summation order
+        assert max_param_diff(ppo, scalable) <= ACCUMULATION_ATOL
+
+
 def test_logger_keys_and_values_match_ppo() -> None:
     ppo, scalable = train_pair("Pendulum-v1", 2 * N_STEPS, n_steps=N_STEPS, batch_size=64, n_epochs=2, clip_range_vf=0.2)
     ppo_keys = {k for k in ppo.logger.seen if k.startswith("train/")}

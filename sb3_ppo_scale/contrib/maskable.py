@@ -58,7 +58,6 @@ class _CheckedMaskablePPO(MaskablePPO):
     ``use_masking`` from the model when the scale layer's collection path calls it with four arguments."""
 
     _use_masking: bool = True  # set per rollout by ScalableMaskablePPO.collect_rollouts
-    _batch_may_exceed_rollout = True  # as MaskablePPO: a batch_size above n_steps * n_envs is one whole-rollout batch
 
     def collect_rollouts(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int,
                          use_masking: bool | None = None) -> bool:

@@ -215,7 +215,6 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
 
     batched_sequences: bool = False  # class default: models saved before the argument existed load with it off
     sequence_length: int | None = None  # as above: contrib's minibatches
-    _batch_may_exceed_rollout = True  # as RecurrentPPO: a batch_size above n_steps * n_envs is one whole-rollout batch
 
     def __init__(self, policy: Any, env: Any, *args: Any, batched_sequences: bool = False,
                  sequence_length: int | None = None, **kwargs: Any) -> None:

@@ -115,8 +115,8 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
         :mod:`sb3_ppo_scale.core.guard`.
 
-    ``batch_size`` may be anything from 1 (2 with advantage normalisation) up to the whole rollout
-    (``n_steps * n_envs``).
+    ``batch_size`` may be anything from 1 (2 with advantage normalisation); one above the whole rollout
+    (``n_steps * n_envs``) trains on the whole rollout as one minibatch, as SB3's PPO does (which warns).
 """
 
 
@@ -169,7 +169,7 @@ class ScalableOnPolicyMixin:
         self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
         if getattr(self, "policy", None) is not None:  # unset while load() rebuilds the model: checked before learning
-            self._config.check_runtime(self, self._buffer_device, data_parallel.world_size())
+            self._config.check_runtime(self, self._buffer_device)
 
     # ----------------------------------------------------------------------------------------------- set-up
     def _setup_model(self) -> None:
@@ -260,7 +260,7 @@ class ScalableOnPolicyMixin:
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
         self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)
         # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
-        self._config.check_runtime(self, self._buffer_device, self._reducer.world_size)
+        self._config.check_runtime(self, self._buffer_device)
         if self.rollout_buffer is None:
             self.rollout_buffer = self._build_rollout_buffer()
         return super()._setup_learn(*args, **kwargs)

@@ -156,20 +156,6 @@ def check_learn_arguments(total_timesteps: object, callback: object, log_interva
                         f"(locals, globals) -> bool, got {callback!r}")
 
 
-def check_rollout_size(batch_size: int, n_steps: int, n_envs: int, world_size: int = 1) -> None:
-    """A minibatch may be as large as the whole rollout (``n_steps * n_envs``, of all ``world_size`` data-parallel
-    ranks together), not larger."""
-    rollout_size = n_steps * n_envs * world_size
-    if batch_size > rollout_size:
-        ranks = "" if world_size == 1 else f" * {world_size} ranks"
-        raise ValueError(
-            f"batch_size must be between 1 and n_steps * n_envs{' * world_size' if world_size > 1 else ''} = "
-            f"{n_steps} * {n_envs}{ranks} = {rollout_size} (the whole rollout), got {batch_size}; SB3's PPO would "
-            "train on the whole rollout instead: pass batch_size (to load(..., batch_size=N) for a loaded model) or "
-            "collect more per rollout"
-        )
-
-
 def resolve_device(value: object, argument: str, policy_device: th.device, types: tuple[str, ...] = ("cpu", "cuda", "mps")) -> th.device:
     """Turn a device argument ("auto" = ``policy_device``, "cpu", "cuda", "cuda:1", "mps", a torch.device) into a device
     of one of ``types`` that exists here; the error names ``argument``."""

@@ -22,7 +22,6 @@ from sb3_ppo_scale.core.checks import (
     check_compile_loss,
     check_compile_toolchain,
     check_cuda_graphs,
-    check_rollout_size,
     is_number,
     resolve_buffer_device,
 )
@@ -68,13 +67,10 @@ class ScaleConfig:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_MODES))}, got {self.nonfinite!r}")
         return resolve_buffer_device(self.buffer_device, policy_device)
 
-    def check_runtime(self, model: Any, buffer_device: th.device, world_size: int = 1) -> None:
-        """What needs the machine and the envs: rollout size (of all ``world_size`` data-parallel ranks), CUDA for
-        graphs, a compiler for ``compile_loss``."""
-        # sb3-contrib's classes take a batch_size above the rollout as one whole-rollout minibatch, as MaskablePPO and
-        # RecurrentPPO do; SB3's PPO does too (with a warning), but ScalablePPO refuses it (docs/features.md)
-        if model.env is not None and not getattr(model, "_batch_may_exceed_rollout", False):
-            check_rollout_size(model.batch_size, model.n_steps, model.n_envs, world_size)
+    def check_runtime(self, model: Any, buffer_device: th.device) -> None:
+        """What needs the machine: CUDA for graphs, a compiler for ``compile_loss``. A ``batch_size`` above the
+        rollout is one whole-rollout minibatch, as in SB3's PPO (which warns at construction); under torchrun
+        :func:`~sb3_ppo_scale.distributed.check_data_parallel` refuses a rank's share above its rollout."""
         check_cuda_graphs(self.cuda_graphs, model.device, buffer_device, model.policy.optimizer)
         check_compile_toolchain(self.compile_loss, model.device)
 
