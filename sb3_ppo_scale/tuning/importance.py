@@ -8,8 +8,8 @@ Evaluators (COMPLETE trials only):
 
 Both are normalised to sum to 1 over the parameters, dummy parameters included. Stars rule (same 1-4 scale as the
 documented table, whose top parameter has 4), over the real (non-dummy) parameters:
-``stars = max(1, ceil(4 * importance / largest real importance))``, so the top parameter gets 4 stars, one with at
-least 3/4 of its importance 4, at least 1/2 -> 3, at least 1/4 -> 2, otherwise 1. Whether a parameter keeps its
+``stars = max(1, ceil(4 * importance / largest real importance))``, so the top parameter gets 4 stars, one with more
+than 3/4 of its importance 4, more than 1/2 -> 3, more than 1/4 -> 2, otherwise 1 (exactly 3/4 -> 3). Whether a parameter keeps its
 stars (noise floor, star stability) is decided in :mod:`sb3_ppo_scale.tuning.verdicts`.
 Noise-repeat trials (:mod:`sb3_ppo_scale.tuning.noise`) never enter importance.
 """
@@ -29,8 +29,8 @@ from sb3_ppo_scale.tuning.noise import is_decay_trial, is_noise_trial, is_repeat
 
 EVALUATORS = ("ped_anova", "fanova")
 EVALUATOR_TITLES = {"ped_anova": "PED-ANOVA", "fanova": "fANOVA"}
-STARS_RULE = ("stars = max(1, ceil(4 x importance / top importance)): the top parameter gets 4, >= 3/4 of the top's "
-              "importance 4, >= 1/2 3, >= 1/4 2, else 1")
+STARS_RULE = ("stars = max(1, ceil(4 x importance / top importance)): the top parameter gets 4, above 3/4 of the "
+              "top's importance 4, above 1/2 3, above 1/4 2, else 1")
 TOP_FRACTION = 0.1
 PED_MIN_TOP = 5
 
