@@ -83,7 +83,12 @@ def run_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
                              r"128 env steps\), got 128"),
         ({"base": {"n_steps": 64, "learning_rat": 1e-3}}, r"spec.base: unknown key\(s\) \['learning_rat'\]"),
         ({"base": {"n_steps": 64, "policy": "MlpLstmPolicy"}}, r"spec.base.policy must be one of \('MlpPolicy', "
-                                                                r"'CnnPolicy', 'MultiInputPolicy'\), got 'MlpLstmPolicy'"),
+                                                                r"'CnnPolicy', 'MultiInputPolicy'\) \(the policies of "
+                                                                r"ScalablePPO, spec.algo 'scalable_ppo'\), got 'MlpLstmPolicy'"),
+        ({"algo": "ppo"}, r"spec.algo must be one of \('scalable_ppo', 'scalable_maskable_ppo', "
+                          r"'scalable_recurrent_ppo'\), got 'ppo'"),
+        # ScalableRecurrentPPO's argument, not ScalablePPO's
+        ({"base": {"n_steps": 64, "sequence_length": 8}}, r"spec.base: unknown key\(s\) \['sequence_length'\]"),
         # values no trial can train with: errors before any trial, not a failed trial and its traceback
         ({"base": {"n_steps": 64, "n_envs": 2, "gamma": "abc"}}, r"spec.base: gamma must be a number in \[0, 1\], got 'abc'"),
         ({"base": {"n_steps": "abc", "n_envs": 2}}, r"spec.base: n_steps must be an int >= 1, got 'abc'"),
@@ -223,6 +228,8 @@ def test_unknown_env_in_yaml_is_reported_by_the_cli(tmp_path: Path, capsys: pyte
 def test_split_and_stars_rules() -> None:
     assert split(5, 2) == [3, 2] and split(1, 3) == [1] and split(0, 2) == []
     assert stars({"a": 0.5, "b": 0.3, "c": 0.15, "d": 0.05}) == {"a": 4, "b": 3, "c": 2, "d": 1}
+    # the boundaries go down, as the legend (STARS_RULE) says: exactly 3/4, 1/2, 1/4 of the top -> 3, 2, 1
+    assert stars({"a": 0.4, "b": 0.3, "c": 0.2, "d": 0.1}) == {"a": 4, "b": 3, "c": 2, "d": 1}
     # the dummy gets no stars and does not set the scale, even when it is the largest importance
     assert stars({"a": 0.4, "dummy": 0.5, "b": 0.1}, ["dummy"]) == {"a": 4, "b": 1}
     # verdict: median of the kept stars (0 = none, left out) against the documented stars
@@ -499,3 +506,125 @@ def test_studies_on_the_same_env_get_distinct_labels() -> None:
     results = [base, replace(base, name="b:HalfCheetah-v5"), replace(base, name="c:Hopper-v5", label="Hopper-v5")]
     labels = [r.label for r in unique_labels(results)]
     assert labels == ["HalfCheetah-v5 [a]", "HalfCheetah-v5 [b]", "Hopper-v5"]
+
+
+# ------------------------------------------------------------------------------------ sb3-contrib algorithms
+@pytest.mark.parametrize(("algo", "env_id", "cls_name", "policy"), [
+    ("scalable_maskable_ppo", "InvalidActionEnvDiscrete-v0", "ScalableMaskablePPO", "MlpPolicy"),
+    ("scalable_recurrent_ppo", "PendulumNoVel-v1", "ScalableRecurrentPPO", "MlpLstmPolicy"),  # returns differ
+])
+def test_a_study_trains_and_reports_the_contrib_algorithm_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   algo: str, env_id: str, cls_name: str,
+                                                                   policy: str) -> None:
+    """``algo`` picks the class every trial trains (its default policy unless the spec sets one); the masked one is
+    evaluated with the env's masks; the report names the algorithm; the study resumes only with the same algo."""
+    from sb3_contrib.common.maskable import evaluation as masked_evaluation
+
+    from sb3_ppo_scale.experiments import zoo
+    from sb3_ppo_scale.tuning import objective
+
+    built, masked = [], []
+    build_model, evaluate_masked = zoo.build_model, masked_evaluation.evaluate_policy
+
+    def recording_build(config: Any, env: Any, algo_class: type, **kwargs: Any) -> Any:
+        built.append((algo_class.__name__, config.policy))
+        return build_model(config, env, algo_class, **kwargs)
+
+    def recording_evaluate_masked(*args: Any, **kwargs: Any) -> Any:
+        masked.append(True)
+        return evaluate_masked(*args, **kwargs)
+
+    monkeypatch.setattr(objective.zoo, "build_model", recording_build)
+    monkeypatch.setattr(masked_evaluation, "evaluate_policy", recording_evaluate_masked)
+    raw = tiny_spec(tmp_path, env=env_id, algo=algo)
+    raw["space"].pop("learning_rate")
+    path = write_spec(tmp_path, raw)
+    assert cli_main(["tune", str(path)]) == 0
+    assert [t.state for t in load_trials(path)] == [TrialState.COMPLETE] * 4
+    assert set(built) == {(cls_name, policy)} and len(built) == 1 + 4  # the start check, then each trial
+    assert len(masked) == (4 * 2 if algo == "scalable_maskable_ppo" else 0)  # 2 evaluations per trial
+    out = tmp_path / "report"
+    assert cli_main(["report", str(path), "--out", str(out), "--bootstrap", "0"]) == 0
+    assert f"Algorithm: {cls_name}." in (out / "report.md").read_text()
+    with pytest.raises(ValueError, match=rf"another spec \(algo: '{algo}' -> 'scalable_ppo'"):
+        tune(spec_from_dict({**raw, "algo": "scalable_ppo", "base": {**raw["base"], "policy": "MlpPolicy"}}))
+
+
+def test_a_study_stored_before_spec_algo_existed_resumes_as_scalable_ppo(tmp_path: Path) -> None:
+    from sb3_ppo_scale.tuning.runner import DEFINITION_ATTR, open_study, study_definition
+
+    spec = spec_from_dict(tiny_spec(tmp_path))
+    study = open_study(spec, "CartPole-v1", resolve_storage(spec))
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    old = {k: v for k, v in study_definition(spec).items() if k != "algo"}
+    study.set_user_attr(DEFINITION_ATTR, old)
+    open_study(spec, "CartPole-v1", resolve_storage(spec))  # no error
+    with pytest.raises(ValueError, match=r"another spec \(algo: 'scalable_ppo' -> 'scalable_recurrent_ppo'"):
+        open_study(spec_from_dict(tiny_spec(tmp_path, algo="scalable_recurrent_ppo")), "CartPole-v1",
+                   resolve_storage(spec))
+
+
+# ------------------------------------------------------------------------------------------- divergence
+def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial whose training stops with NonFiniteError (its hyperparameters diverge) used to end the whole `tune` run
+    with an internal error, and was never counted or mentioned in the report; now it is a FAIL trial saying why, the
+    worker goes on, `tune` says how many diverged, and the report counts them and lists their parameters."""
+    import logging
+
+    from sb3_ppo_scale.core.guard import NonFiniteError
+    from sb3_ppo_scale.tuning import objective
+
+    train = objective.train_and_evaluate
+
+    def diverging_above_0_2(spec: Any, env_id: str, values: dict[str, Any], *args: Any) -> Any:
+        if values["clip_range"] > 0.2:
+            raise NonFiniteError("non-finite loss or gradient in a PPO update (loss=nan); 10 optimizer step(s) ...")
+        return train(spec, env_id, values, *args)
+
+    monkeypatch.setattr(objective, "train_and_evaluate", diverging_above_0_2)
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler()
+    collector.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("optuna.study._optimize").addHandler(collector)
+    raw = tiny_spec(tmp_path, n_trials=6)
+    raw["space"]["dummy"] = {"type": "dummy"}
+    path = write_spec(tmp_path, raw)
+    try:
+        assert cli_main(["tune", str(path)]) == 1  # 6 trials run, fewer complete: the plan is not met
+    finally:
+        logging.getLogger("optuna.study._optimize").removeHandler(collector)
+    out = capsys.readouterr().out
+    trials = load_trials(path)
+    diverged = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(trials) == 6 and diverged and all(t.params["clip_range"] > 0.2 for t in diverged)
+    assert {t.user_attrs[objective.DIVERGED_ATTR] for t in diverged} == {
+        "seed 0: non-finite loss or gradient in a PPO update (loss=nan)"}
+    assert out.count("(diverged, seed 0: non-finite loss or gradient in a PPO update (loss=nan); left out of "
+                     "importance)") == len(diverged)
+    assert "trials done after" in out and f"; {len(diverged)} diverged (failed, not counted: run the same command " \
+                                            "again for the rest)" in out
+    assert records == []  # Optuna's warnings (with a traceback) are replaced by the progress line
+    monkeypatch.setattr(objective, "train_and_evaluate", train)
+    assert cli_main(["tune", str(path)]) == 0  # the rest of the plan
+    report_dir = tmp_path / "report"
+    assert cli_main(["report", str(path), "--out", str(report_dir), "--bootstrap", "0"]) == 0
+    assert (f"{len(diverged)} trial(s) diverged (non-finite updates stopped their training) and are left out of "
+            "importance") in (report_dir / "report.md").read_text()
+    rows = (report_dir / "trials_CartPole-v1.csv").read_text().splitlines()
+    assert sum(",diverged," in row for row in rows) == len(diverged)
+
+
+def test_real_divergence_ends_the_trial_as_diverged(tmp_path: Path) -> None:
+    """The guard's NonFiniteError (Pendulum at learning rate 50) becomes TrialDiverged, with the reason stored."""
+    from sb3_ppo_scale.tuning.objective import DIVERGED_ATTR, TrialDiverged, make_objective
+
+    raw = tiny_spec(tmp_path, env="Pendulum-v1", timesteps=2048)
+    raw["base"].update(n_steps=256, n_envs=1)
+    raw["space"] = {"learning_rate": {"type": "float", "low": 50.0, "high": 60.0}}
+    spec = spec_from_dict(raw)
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    with pytest.warns(RuntimeWarning, match="skipped an optimizer step"), pytest.raises(TrialDiverged):
+        make_objective(spec, "Pendulum-v1")(trial)
+    assert trial.user_attrs[DIVERGED_ATTR].startswith("seed 0: non-finite loss or gradient in a PPO update (")

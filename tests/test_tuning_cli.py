@@ -57,6 +57,16 @@ def test_committed_specs_write_under_the_working_directory() -> None:
     assert APPENDED_STUDIES <= names
 
 
+def test_committed_specs_can_start_their_trials() -> None:
+    """Each committed spec's envs and model (the space's centre) build, as the first trial would build them."""
+    from sb3_ppo_scale.tuning.objective import check_trials_can_start
+
+    for path in sorted((ROOT / "tuning").glob("*.yaml")):
+        spec = load_spec(path)
+        for env_id in spec.envs:
+            check_trials_can_start(spec, env_id)
+
+
 def test_quick_study_then_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = _spec(tmp_path / "specs")

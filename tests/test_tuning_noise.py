@@ -46,7 +46,7 @@ def raw_spec(**overrides: Any) -> dict[str, Any]:
         ({"noise_repeats": 1.5}, r"spec.noise_repeats must be an int, got 1.5"),
         ({"space": {"clip_range": {"type": "gaussian", "low": 0.1, "high": 0.3}}},
          r"spec.space.clip_range.type must be one of \('float', 'int', 'pow2', 'categorical', 'dummy'\), got 'gaussian'"),
-        ({"space": {"clip_range": {"type": "dummy"}}}, r"must not be named like a ScalablePPO argument \('clip_range'"),
+        ({"space": {"clip_range": {"type": "dummy"}}}, r"must not be named like an argument of the algorithm \('clip_range'"),
         ({"space": {"noise": {"type": "dummy", "low": 1, "high": 1}}}, r"spec.space.noise: low must be < high"),
         ({"space": {"noise": {"type": "dummy", "log": True}}}, r"spec.space.noise: unknown key\(s\) \['log'\]"),
         ({"space": {"noise": {"type": "dummy"}}}, "besides its dummy parameter"),
@@ -234,7 +234,7 @@ def test_best_trials_and_csv_show_the_last_evaluation() -> None:
     hopping.number, no_curve.number = 0, 1
 
     class Result:
-        trials, noise_trials, decay_trials, n_trials = [hopping, no_curve], [], [], 2
+        trials, noise_trials, decay_trials, diverged, n_trials = [hopping, no_curve], [], [], [], 2
         real_params = params = ["clip_range"]
         arguments, label = {"clip_range": "clip_range"}, "Hopper-v5"
 

@@ -1,7 +1,12 @@
-"""One trial: sample ScalablePPO arguments, train ``seeds_per_trial`` agents, evaluate them, return the objective.
+"""One trial: sample the algorithm's arguments (``spec.algo``, default ScalablePPO), train ``seeds_per_trial`` agents, evaluate them, return the objective.
 
 Dummy parameters (``type: dummy``) are sampled like the others and never reach training. The per-seed objectives
 are stored on the trial (``seed_values``; their spread is what the report shows per trial).
+
+A trial whose training diverges (non-finite updates stop it with :class:`~sb3_ppo_scale.core.guard.NonFiniteError`,
+an outcome of its hyperparameters, e.g. a learning rate too large) raises :class:`TrialDiverged`: Optuna records it
+as FAIL with :data:`DIVERGED_ATTR` saying why, the worker goes on with the next trial, and the report counts it and
+lists its parameters. Any other exception still stops the worker.
 """
 
 from __future__ import annotations
@@ -14,12 +19,22 @@ import optuna
 import torch as th
 
 from sb3_ppo_scale.core.checks import resolve_device
+from sb3_ppo_scale.core.guard import NonFiniteError
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments import zoo
+from sb3_ppo_scale.experiments.algorithms import algorithm
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
 from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.tuning.preemption import PreemptionCheck
 from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, centre_values, pow2_bounds
+
+
+#: Trial user attribute of a trial whose training diverged: ``"seed <s>: <the NonFiniteError's first sentence>"``.
+DIVERGED_ATTR = "diverged"
+
+
+class TrialDiverged(Exception):
+    """A trial's training diverged (see the module docstring); the runner lets Optuna record it as FAIL and goes on."""
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
@@ -57,7 +72,8 @@ def trial_config(spec: StudySpec, env_id: str, values: dict[str, Any], decayed: 
         schedules[DECAYED_ARGUMENT] = "linear"
     for name, value in values.items():
         raw[name] = f"lin_{float(value)!r}" if schedules[name] == "linear" else value
-    return zoo.config_from_hyperparams(env_id, spec.study_name(env_id), raw, source=str(spec.path or "<spec>"))
+    return zoo.config_from_hyperparams(env_id, spec.study_name(env_id), raw, source=str(spec.path or "<spec>"),
+                                       algo=spec.algo)
 
 
 def check_trials_can_start(spec: StudySpec, env_id: str) -> None:
@@ -75,7 +91,7 @@ def check_trials_can_start(spec: StudySpec, env_id: str) -> None:
         resolve_device(config.model_kwargs.get("device", "cpu"), "base.device", th.device("cpu"))
         env = zoo.make_envs(config, seed=spec.seed)
         try:
-            zoo.build_model(config, env, seed=spec.seed)
+            zoo.build_model(config, env, algorithm(spec.algo).cls, seed=spec.seed)
         finally:
             env.close()
     except (ValueError, TypeError, AssertionError, gym.error.Error) as error:
@@ -92,7 +108,7 @@ def reduce_returns(returns: list[float], objective: str) -> float:
 def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], seed: int,
                        on_eval: Callable[[int, float], None] | None = None,
                        decayed: bool = False) -> tuple[float, list[float]]:
-    """Train one ScalablePPO for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate decayed
+    """Train one model of ``spec.algo`` for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate decayed
     linearly, see :func:`trial_config`); returns (objective, eval returns).
 
     Evaluations run every ``eval_freq`` steps, at the env step where one falls due (during a rollout: before that
@@ -104,7 +120,7 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
     eval_env = zoo.make_envs(config, n_envs=1, seed=seed + EVAL_SEED_OFFSET, eval_env=True)
     hook = None if on_eval is None else (lambda result: on_eval(result.timesteps, result.mean_return))
     try:
-        model = zoo.build_model(config, env, seed=seed)
+        model = zoo.build_model(config, env, algorithm(spec.algo).cls, seed=seed)
         callback = PeriodicEvalCallback(eval_env, spec.evaluation.eval_freq, spec.evaluation.n_episodes,
                                         spec.evaluation.deterministic, on_eval=hook)
         model.learn(total_timesteps=config.n_timesteps, callback=[callback, PreemptionCheck()])  # SIGTERM: stop
@@ -124,7 +140,8 @@ def trial_seeds(spec: StudySpec, repeat: int | None = None) -> list[int]:
 
 def make_objective(spec: StudySpec, env_id: str) -> Callable[[optuna.Trial], float]:
     """The Optuna objective: mean over the trial's seeds (:func:`trial_seeds`) of the evaluation objective; stores
-    ``seeds``, ``seed_values`` and ``eval_returns`` on the trial. Search mode reports and prunes on the first seed."""
+    ``seeds``, ``seed_values`` and ``eval_returns`` on the trial. Search mode reports and prunes on the first seed.
+    A seed whose training diverges ends the trial with :class:`TrialDiverged`."""
 
     def objective(trial: optuna.Trial) -> float:
         inherit_repeat_mark(trial)
@@ -134,7 +151,12 @@ def make_objective(spec: StudySpec, env_id: str) -> Callable[[optuna.Trial], flo
         decayed = is_decay_trial(trial)
         for index, seed in enumerate(seeds):
             on_eval = _pruning_hook(trial, spec) if index == 0 and spec.pruner.get("name") == "median" else None
-            value, curve = train_and_evaluate(spec, env_id, values, seed, on_eval, decayed)
+            try:
+                value, curve = train_and_evaluate(spec, env_id, values, seed, on_eval, decayed)
+            except NonFiniteError as error:
+                reason = f"seed {seed}: {str(error).split(';')[0]}"
+                trial.set_user_attr(DIVERGED_ATTR, reason)
+                raise TrialDiverged(reason) from None
             results.append(value)
             curves.append(curve)
         trial.set_user_attr("seeds", seeds)

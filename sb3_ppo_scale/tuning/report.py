@@ -23,6 +23,7 @@ from typing import Any
 
 import optuna
 
+from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm
 from sb3_ppo_scale.tuning.documented import DOCUMENTED, documented_row
 from sb3_ppo_scale.tuning.importance import (
     EVALUATOR_TITLES, EVALUATORS, STARS_RULE, TOP_FRACTION, Stability, bootstrap, complete_trials, importances,
@@ -30,9 +31,10 @@ from sb3_ppo_scale.tuning.importance import (
 )
 from sb3_ppo_scale.tuning.advice import advice_lines
 from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_decay_trial, is_noise_trial, learning_check, noise_estimate, seed_spread
+from sb3_ppo_scale.tuning.objective import DIVERGED_ATTR
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import (
-    DECAY_REPEATS_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage,
+    DECAY_REPEATS_ATTR, DEFINITION_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage,
 )
 from sb3_ppo_scale.tuning.spec import load_spec
 from sb3_ppo_scale.tuning.storage import open_storage
@@ -65,7 +67,7 @@ class StudyResult:
     objective: str
     n_trials: int
     params: list[str]  # Optuna names, in spec order (dummies included)
-    arguments: dict[str, str]  # Optuna name -> ScalablePPO argument (a dummy: its own name)
+    arguments: dict[str, str]  # Optuna name -> argument of the algorithm (a dummy: its own name)
     importance: dict[str, dict[str, float]]  # evaluator -> param -> importance
     stars: dict[str, dict[str, int]]  # evaluator -> real param -> stars by the rule on all trials
     stability: dict[str, Stability]
@@ -84,10 +86,12 @@ class StudyResult:
     decay_planned: int = 0
     schedules: dict[str, str] | None = None
     env_id: str = ""
+    algo: str = DEFAULT_ALGO  # the study definition's spec.algo
+    diverged: list[optuna.trial.FrozenTrial] = field(default_factory=list)  # FAIL: training diverged
 
     @property
     def real_params(self) -> list[str]:
-        """The searched ScalablePPO arguments (Optuna names), dummies left out."""
+        """The searched arguments (Optuna names), dummies left out."""
         return [p for p in self.params if p not in self.dummies]
 
     @property
@@ -221,6 +225,9 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
         noise_trials=noise_trials, noise=noise_estimate(noise_trials), planned=attrs.get(PLANNED_ATTR),
         noise_planned=int(attrs.get(NOISE_REPEATS_ATTR, 0)), decay_trials=complete_trials(study, "decay"),
         decay_planned=int(attrs.get(DECAY_REPEATS_ATTR, 0)), schedules=attrs.get(SCHEDULES_ATTR), env_id=env_id,
+        algo=str((attrs.get(DEFINITION_ATTR) or {}).get("algo", DEFAULT_ALGO)),
+        diverged=[t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if DIVERGED_ATTR in t.user_attrs],
     )
     for evaluator in EVALUATORS:
         try:
@@ -376,6 +383,11 @@ def budget_text(result: StudyResult) -> str:
     planned = "" if result.planned is None else f" of {result.planned} planned"
     text = (f"{result.n_trials} complete sampled trials{planned}, {len(result.noise_trials)} of {result.noise_planned} "
             f"noise repeats{_decay_count(result)}; best objective {result.best_value:.1f}.")
+    if result.diverged:
+        text += (f" {len(result.diverged)} trial(s) diverged (non-finite updates stopped their training) and are left "
+                 f"out of importance; their parameters: trials_{_slug(result.label)}.csv.")
+    if result.algo != DEFAULT_ALGO:
+        text += f" Algorithm: {algorithm(result.algo).cls.__name__}."
     if budget:
         text += (f" Budget: {budget['timesteps']:,} env steps x {budget['seeds_per_trial']} seed(s) per trial, "
                  f"{budget['sampler']} sampling, evaluation of {budget['n_episodes']} "
@@ -488,7 +500,8 @@ def _best(result: StudyResult) -> list[optuna.trial.FrozenTrial]:
 
 def trials_csv(result: StudyResult) -> str:
     """Every complete trial (sampled, noise and decay repeats): value, per-seed values and spread, the last evaluation's
-    return (mean over seeds; empty without stored curves), parameters."""
+    return (mean over seeds; empty without stored curves), parameters; then each diverged trial (kind ``diverged``,
+    its parameters only)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["trial", "kind", "objective", "seed_std", "seed_min", "seed_max", "seed_values", "last_eval_return",
@@ -501,6 +514,8 @@ def trials_csv(result: StudyResult) -> str:
         writer.writerow([t.number, kind, f"{float(t.value):.6g}", f"{spread.std:.6g}", f"{spread.low:.6g}",  # type: ignore[arg-type]
                          f"{spread.high:.6g}", seeds, "" if curve is None else f"{curve[1]:.6g}",
                          *(t.params.get(p, "") for p in result.params)])
+    for t in result.diverged:
+        writer.writerow([t.number, "diverged", "", "", "", "", "", "", *(t.params.get(p, "") for p in result.params)])
     return buffer.getvalue()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import multiprocessing
 import signal
 import sys
@@ -29,10 +30,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
+from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
-from sb3_ppo_scale.tuning.objective import check_trials_can_start, decode_params, make_objective
+from sb3_ppo_scale.tuning.objective import (
+    DIVERGED_ATTR, TrialDiverged, check_trials_can_start, decode_params, make_objective,
+)
 from sb3_ppo_scale.tuning.spec import StudySpec
 from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id
 
@@ -101,12 +105,13 @@ def study_budget(spec: StudySpec) -> dict[str, Any]:
 
 def study_definition(spec: StudySpec) -> dict[str, Any]:
     """What a trial's value means beyond its budget, keyed as in the spec (stored on the study; a resumed study must
-    match it): the fixed arguments (``base``, except ``device``: moving a study to other hardware is allowed), each
-    searched range and schedule, the objective, the seeds and the sampler's and pruner's settings. Not in it: what
-    may change between sessions (``n_trials``, ``noise_repeats``, ``decay_repeats``, ``storage``, ``output_dir``)."""
+    match it): the algorithm, the fixed arguments (``base``, except ``device``: moving a study to other hardware is
+    allowed), each searched range and schedule, the objective, the seeds and the sampler's and pruner's settings.
+    Not in it: what may change between sessions (``n_trials``, ``noise_repeats``, ``decay_repeats``, ``storage``,
+    ``output_dir``)."""
     space = {p.name: {"type": p.type, "low": p.low, "high": p.high, "log": p.log, "step": p.step,
                       "choices": list(p.choices), "schedule": p.schedule} for p in spec.space}
-    definition = {"base": {k: v for k, v in spec.base.items() if k != "device"}, "space": space,
+    definition = {"algo": spec.algo, "base": {k: v for k, v in spec.base.items() if k != "device"}, "space": space,
                   "evaluation": {"objective": spec.evaluation.objective}, "seed": spec.seed,
                   "sampler": {"seed": spec.sampler.get("seed")}, "pruner": {"name": spec.pruner.get("name")}}
     return json.loads(json.dumps(definition, default=str))  # as the storage returns it (lists, not tuples)
@@ -169,6 +174,8 @@ def open_study(spec: StudySpec, env_id: str, storage: str, planned: int | None =
         raise ValueError(f"study {study.study_name!r} in {storage} searched other parameters (stored: "
                          f"{sorted(stored_space)}, asked: {sorted(space)}); use another --storage to start a new study")
     definition, stored_definition = study_definition(spec), study.user_attrs.get(DEFINITION_ATTR)
+    if stored_definition:  # one stored before spec.algo existed trained ScalablePPO
+        stored_definition = {"algo": DEFAULT_ALGO, **stored_definition}
     changes = definition_changes(stored_definition, definition) if stored_definition and has_trials else []
     if changes:
         raise ValueError(f"study {study.study_name!r} in {storage} was run with another spec ({'; '.join(changes)}); "
@@ -199,6 +206,8 @@ def format_trial(study_name: str, trial: FrozenTrial, spec: StudySpec) -> str:
         shown = f"(noise repeat {trial.user_attrs[NOISE_ATTR]}) {shown}"
     if DECAY_ATTR in trial.user_attrs:
         shown = f"(decay repeat {trial.user_attrs[DECAY_ATTR]}: learning rate decayed linearly) {shown}"
+    if DIVERGED_ATTR in trial.user_attrs:
+        shown = f"{shown} (diverged, {trial.user_attrs[DIVERGED_ATTR]}; left out of importance)"
     return f"[{study_name}] trial {trial.number:4d} {trial.state.name:8s} value={value:>9s} elapsed={elapsed:6.1f}s {shown}"
 
 
@@ -231,12 +240,33 @@ def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total:
             raise  # Optuna records the trial as FAIL
 
     stop = MaxTrialsCallback(total, states=counted_states(spec))
+    optuna_logger, quiet = logging.getLogger(preemption.OPTUNA_TRIAL_LOGGER), QuietDiverged()
+    optuna_logger.addFilter(quiet)  # the progress line says why, without Optuna's traceback
     with preemption.handling():
         try:
             study.optimize(owned_objective, n_trials=n_trials, callbacks=[stop, _progress(spec), preemption.between_trials],
-                           catch=())
+                           catch=(TrialDiverged,))
         except preemption.TrialPreempted as stopped:
             _requeue_preempted(study, stopped.signal_name)
+        finally:
+            optuna_logger.removeFilter(quiet)
+
+
+class QuietDiverged(logging.Filter):
+    """Drops Optuna's two warnings that a diverged trial failed (the first with the traceback of
+    :class:`~sb3_ppo_scale.tuning.objective.TrialDiverged`, then "Trial N failed with value None."): the worker's
+    progress line says why it failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.diverged: set[str] = set()  # "Trial N" of each diverged trial
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trial = " ".join(record.getMessage().split()[:2])
+        if record.exc_info and isinstance(record.exc_info[1], TrialDiverged):
+            self.diverged.add(trial)
+            return False
+        return trial not in self.diverged
 
 
 def _requeue_preempted(study: optuna.Study, signal_name: str) -> NoReturn:
@@ -312,5 +342,14 @@ def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total
         if bad:
             print(f"[{study.study_name}] {len(bad)} worker(s) exited with codes {bad}", file=sys.stderr, flush=True)
     done = len(study.get_trials(deepcopy=False, states=counted_states(spec)))
-    print(f"[{study.study_name}] {done}/{total} trials done after {time.monotonic() - started:.0f}s", flush=True)
+    print(f"[{study.study_name}] {done}/{total} trials done after {time.monotonic() - started:.0f}s"
+          f"{_diverged_note(study, done < total)}", flush=True)
     return 0 if done >= total else 1
+
+
+def _diverged_note(study: optuna.Study, short: bool) -> str:
+    """``"; N diverged ..."`` for the study's diverged trials (empty without any); ``short``: the plan is not met."""
+    diverged = sum(DIVERGED_ATTR in t.user_attrs for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+    if not diverged:
+        return ""
+    return f"; {diverged} diverged (failed, not counted{': run the same command again for the rest' if short else ''})"

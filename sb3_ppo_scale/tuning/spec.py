@@ -3,6 +3,10 @@
 A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``envs`` and ``space`` have defaults:
 
 - ``name`` (str): the study name; one Optuna study per env is named ``"{name}:{env_id}"``.
+- ``algo``: the algorithm the trials train, as ``train --algo`` names it: ``scalable_ppo`` (default),
+  ``scalable_maskable_ppo`` (evaluated with the env's action masks) or ``scalable_recurrent_ppo`` (LSTM policies;
+  evaluated with the LSTM state carried over each episode); :data:`sb3_ppo_scale.experiments.algorithms.ALGORITHMS`.
+  ``base`` and ``space`` take that class's constructor arguments.
 - ``mode``: ``sensitivity`` (default; random or Sobol sampling, no pruning: global importance) or ``search``
   (TPE, optional median pruning: finds a good configuration, importance from it is biased).
 - ``envs`` (list of Gymnasium ids), ``timesteps`` (env steps per trial and seed, default 50 000),
@@ -10,17 +14,17 @@ A spec (see ``tuning/*.yaml``) has these top-level keys; all but ``name``, ``env
 - ``evaluation``: ``eval_freq`` (env steps between evaluations, default ``timesteps // 5``), ``n_episodes``
   (default 5), ``deterministic`` (default true), ``objective``: ``auc`` (default; mean of the evaluation returns over
   the run = area under the evaluation curve / timesteps) or ``final`` (mean return of the last evaluation).
-- ``base``: fixed ScalablePPO arguments (``policy``, ``n_steps``, ``gamma``, ...), plus ``n_envs`` (default 1) and
+- ``base``: fixed arguments of the algorithm (``policy``, ``n_steps``, ``gamma``, ...), plus ``n_envs`` (default 1) and
   ``normalize`` (VecNormalize on observations and rewards, default false). ``policy_kwargs.activation_fn`` is a
   name (tanh, relu, elu, leaky_relu, ...: :data:`sb3_ppo_scale.experiments.pipeline.ACTIVATIONS`).
-- ``space``: ScalablePPO argument -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
+- ``space``: argument of the algorithm -> ``{type: float|int|pow2|categorical, low, high, log, step, choices, schedule}``;
   ``choices`` for categorical only, ``low``/``high`` for the others, ``log`` and ``step`` (> 0, dividing ``high - low``,
   not with ``log``) for float and int (a key the type would ignore is an error); ``schedule: linear`` (floats only)
-  decays the value linearly to 0 over training. The ends of each range (and each choice) must be values ScalablePPO
-  accepts. An entry of ``type: dummy`` (any
-  name that is not a ScalablePPO argument, e.g. ``dummy: {type: dummy}``) is a **noise-floor parameter**: a float in
-  [``low``, ``high``] (default [0, 1]) sampled like the others and never passed to training, so its importance is
-  what seed noise alone produces (:mod:`sb3_ppo_scale.tuning.noise`).
+  decays the value linearly to 0 over training. The ends of each range (and each choice) must be values the
+  algorithm accepts. An entry of ``type: dummy`` (any name that is not an argument of the algorithm, e.g.
+  ``dummy: {type: dummy}``) is a **noise-floor parameter**: a float in [``low``, ``high``] (default [0, 1]) sampled
+  like the others and never passed to training, so its importance is what seed noise alone produces
+  (:mod:`sb3_ppo_scale.tuning.noise`).
 - ``noise_repeats`` (int >= 0, default 0): trials of the space's centre configuration
   (:func:`centre_values`) enqueued before the sampled ones and marked as such; they measure the objective's seed
   variance and are left out of importance. They come on top of ``n_trials``.
@@ -52,12 +56,11 @@ from optuna.distributions import FloatDistribution, IntDistribution
 
 from sb3_ppo_scale.core.checks import check_net_arch, check_ppo_arguments
 from sb3_ppo_scale.core.lr import resolve_learning_rate
-from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
-from sb3_ppo_scale.experiments.pipeline import MODEL_KEYS
 from sb3_ppo_scale.experiments.zoo import check_env_id, parse_model_kwargs
 
-TOP_KEYS = {"name", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
+TOP_KEYS = {"name", "algo", "mode", "envs", "timesteps", "seeds_per_trial", "seed", "evaluation", "base", "space",
             "sampler", "pruner", "n_trials", "noise_repeats", "decay_repeats", "storage",
             "output_dir"}
 EVAL_KEYS = {"eval_freq", "n_episodes", "deterministic", "objective"}
@@ -74,13 +77,18 @@ PARAM_TYPES = ("float", "int", "pow2", "categorical", "dummy")
 DUMMY_RANGE = (0.0, 1.0)
 SCHEDULES = ("constant", "linear")
 ACTIVATIONS = tuple(ACTIVATION_CLASSES)
-#: Base-config keys that are not ScalablePPO arguments.
+#: Base-config keys that are not arguments of the algorithm.
 EXTRA_BASE_KEYS = {"n_envs", "normalize"}
 #: The argument whose schedule a decay repeat changes (constant in the spec, linear in the repeat).
 DECAYED_ARGUMENT = "learning_rate"
-#: ScalablePPO arguments a spec may not set (the tuner owns them).
+#: Arguments a spec may not set (the tuner owns them).
 RESERVED_ARGS = {"seed", "tensorboard_log"}
-PPO_ARGS = (set(MODEL_KEYS) | {"policy"}) - RESERVED_ARGS
+
+
+def spec_arguments(algo: str = DEFAULT_ALGO) -> set[str]:
+    """The constructor arguments of ``algo``'s class (and of the class it is compared with) that a spec's ``base``
+    and ``space`` may set: ``policy`` and the model's arguments, less :data:`RESERVED_ARGS`."""
+    return (set(algorithm(algo).model_keys()) | {"policy"}) - RESERVED_ARGS
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class StudySpec:
     envs: tuple[str, ...]
     space: tuple[ParamSpec, ...]
     evaluation: EvalSpec
+    algo: str = DEFAULT_ALGO
     mode: str = "sensitivity"
     timesteps: int = 50_000
     seeds_per_trial: int = 1
@@ -219,15 +228,17 @@ def spec_from_dict(raw: Any, base_dir: Path = Path("."), path: Path | None = Non
     name = raw["name"]
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"spec.name must be a non-empty string without ':', got {name!r}")
+    algo = _choice(raw.get("algo", DEFAULT_ALGO), tuple(ALGORITHMS), "spec.algo")
     mode = _choice(raw.get("mode", "sensitivity"), MODES, "spec.mode")
     timesteps = _positive_int(raw.get("timesteps", 50_000), "spec.timesteps")
-    base = _check_base(raw.get("base") or {})
-    space = _check_space(raw["space"], base)
+    base = _check_base(raw.get("base") or {}, algo)
+    space = _check_space(raw["space"], base, algo)
     spec = StudySpec(
         name=name,
         envs=_check_envs(raw["envs"]),
         space=space,
         evaluation=_check_eval(raw.get("evaluation") or {}, timesteps),
+        algo=algo,
         mode=mode,
         timesteps=timesteps,
         seeds_per_trial=_positive_int(raw.get("seeds_per_trial", 1), "spec.seeds_per_trial"),
@@ -305,13 +316,14 @@ def _check_eval(raw: Any, timesteps: int) -> EvalSpec:
     )
 
 
-def _check_base(raw: Any) -> dict[str, Any]:
+def _check_base(raw: Any, algo: str = DEFAULT_ALGO) -> dict[str, Any]:
     base = dict(_mapping(raw, "spec.base"))
-    _check_keys(base, PPO_ARGS | EXTRA_BASE_KEYS, "spec.base")
-    base.setdefault("policy", "MlpPolicy")
-    if base["policy"] not in ScalablePPO.policy_aliases:
-        raise ValueError(f"spec.base.policy must be one of {tuple(ScalablePPO.policy_aliases)}, got {base['policy']!r}: "
-                         "a study trains ScalablePPO (sb3-contrib's LSTM and masking classes are not tuned)")
+    _check_keys(base, spec_arguments(algo) | EXTRA_BASE_KEYS, "spec.base")
+    cls = algorithm(algo).cls
+    base.setdefault("policy", next(iter(cls.policy_aliases)))  # MlpPolicy, MlpLstmPolicy
+    if base["policy"] not in cls.policy_aliases:
+        raise ValueError(f"spec.base.policy must be one of {tuple(cls.policy_aliases)} (the policies of "
+                         f"{cls.__name__}, spec.algo {algo!r}), got {base['policy']!r}")
     _positive_int(base.get("n_envs", 1), "spec.base.n_envs")
     if not isinstance(base.get("normalize", False), bool):
         raise ValueError(f"spec.base.normalize must be true or false, got {base['normalize']!r}")
@@ -326,7 +338,7 @@ def _check_base(raw: Any) -> dict[str, Any]:
 
 
 def _check_arguments(arguments: dict[str, Any], where: str) -> None:
-    """ValueError (prefixed with ``where``) for a ScalablePPO argument value no trial could train with, parsed as a
+    """ValueError (prefixed with ``where``) for an argument value no trial could train with, parsed as a
     trial parses it (:func:`~sb3_ppo_scale.experiments.zoo.parse_model_kwargs`): PPO's numeric arguments
     (:func:`~sb3_ppo_scale.core.checks.check_ppo_arguments`), the learning rate and ``policy_kwargs.net_arch``."""
     try:
@@ -339,30 +351,32 @@ def _check_arguments(arguments: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: {error}") from None
 
 
-def _check_space(raw: Any, base: dict[str, Any]) -> tuple[ParamSpec, ...]:
+def _check_space(raw: Any, base: dict[str, Any], algo: str = DEFAULT_ALGO) -> tuple[ParamSpec, ...]:
     raw = _mapping(raw, "spec.space")
     if not raw:
-        raise ValueError("spec.space must name at least one ScalablePPO argument to search")
+        raise ValueError("spec.space must name at least one argument of the algorithm to search")
     dummies = {name for name, entry in raw.items() if isinstance(entry, dict) and entry.get("type") == "dummy"}
-    _check_keys({k: v for k, v in raw.items() if k not in dummies}, PPO_ARGS - {"policy"}, "spec.space")
+    arguments = spec_arguments(algo)
+    _check_keys({k: v for k, v in raw.items() if k not in dummies}, arguments - {"policy"}, "spec.space")
     params = []
     for name, entry in raw.items():
         if name in base:
             raise ValueError(f"spec.space.{name} is also fixed in spec.base; keep it in one of them")
         if name in dummies:
-            params.append(_check_dummy(name, entry))
+            params.append(_check_dummy(name, entry, arguments))
         else:
             params.append(_check_param(name, entry))
     if not any(not p.is_dummy for p in params):
-        raise ValueError("spec.space must name at least one ScalablePPO argument besides its dummy parameter(s)")
+        raise ValueError("spec.space must name at least one argument of the algorithm besides its dummy parameter(s)")
     return tuple(params)
 
 
-def _check_dummy(name: str, raw: dict[str, Any]) -> ParamSpec:
-    """A ``type: dummy`` entry: a name that is no ScalablePPO argument, optional float ``low`` < ``high``."""
+def _check_dummy(name: str, raw: dict[str, Any], arguments: set[str]) -> ParamSpec:
+    """A ``type: dummy`` entry: a name that is none of the algorithm's ``arguments``, optional float ``low`` <
+    ``high``."""
     where = f"spec.space.{name}"
-    if name in PPO_ARGS or name in RESERVED_ARGS:
-        raise ValueError(f"{where}: a dummy parameter must not be named like a ScalablePPO argument ({name!r} is one); "
+    if name in arguments or name in RESERVED_ARGS:
+        raise ValueError(f"{where}: a dummy parameter must not be named like an argument of the algorithm ({name!r} is one); "
                          "call it e.g. 'dummy'")
     _check_keys(raw, {"type", "low", "high"}, where)
     low, high = raw.get("low", DUMMY_RANGE[0]), raw.get("high", DUMMY_RANGE[1])
