@@ -21,6 +21,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalableRecurrentPPO
+from sb3_ppo_scale.contrib.masks import InfoActionMasker
 from sb3_ppo_scale.checkpoint import (
     PREEMPTED_EXIT_CODE,
     ResumableCheckpoint,
@@ -170,10 +171,24 @@ class MaskedCartPole(gym.Wrapper):
         pass
 
 
+def config_envs(env_id: str, **kwargs: Any) -> VecEnv:
+    """2 envs of one of the contrib configs' env ids (configs/contrib.yml), registered as `train` registers them."""
+    from sb3_ppo_scale.experiments.algorithms import register_envs
+
+    register_envs(env_id)
+    return make_vec_env(env_id, n_envs=2, seed=5, **kwargs)
+
+
 @pytest.mark.parametrize("cls, policy, make", [
     (ScalableRecurrentPPO, "MlpLstmPolicy", lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5)),
     (ScalableMaskablePPO, "MlpPolicy", lambda: make_vec_env("CartPole-v1", n_envs=2, seed=5, wrapper_class=MaskedCartPole)),
-])
+    # the contrib configs' envs (their episodes restarted on resume before their layers were known)
+    (ScalableRecurrentPPO, "MlpLstmPolicy", lambda: config_envs("CartPoleNoVel-v1")),
+    (ScalableRecurrentPPO, "MlpLstmPolicy", lambda: config_envs("PendulumNoVel-v1")),
+    (ScalableMaskablePPO, "MlpPolicy", lambda: config_envs("InvalidActionEnvDiscrete-v0")),
+    (ScalableMaskablePPO, "MlpPolicy", lambda: config_envs("Taxi-v4", wrapper_class=InfoActionMasker)),
+], ids=["CartPole-recurrent", "CartPole-maskable", "CartPoleNoVel", "PendulumNoVel", "InvalidActionEnvDiscrete",
+        "Taxi"])
 def test_episodes_in_progress_continue_bit_identically(cls: type, policy: str, make: Any, tmp_path: Path) -> None:
     """A checkpoint mid-episode (23-step rollouts, CartPole's episodes run on): the episodes and, for the recurrent
     policy, the LSTM states continue where they were."""

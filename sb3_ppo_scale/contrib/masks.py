@@ -125,6 +125,14 @@ class InfoActionMasker(gym.Wrapper):
         self._mask = self._read(info)
         return obs, reward, terminated, truncated, info
 
+    def get_episode_state(self) -> np.ndarray | None:
+        """The current observation's mask, for a checkpoint to continue the episode (:mod:`sb3_ppo_scale.envs.episodes`)."""
+        return None if self._mask is None else self._mask.copy()
+
+    def set_episode_state(self, state: np.ndarray | None) -> None:
+        """Put back what :meth:`get_episode_state` returned."""
+        self._mask = None if state is None else state.copy()
+
     def action_masks(self) -> np.ndarray:
         """The allowed actions for the current observation (bool, ``mask_dims`` entries)."""
         if self._mask is None:

@@ -4,8 +4,9 @@ them step for step instead of resetting its envs.
 An env's episode state is the state of each layer of its wrapper chain, outermost first:
 
 - the layers of :data:`LAYER_ATTRIBUTES` (SB3's ``Monitor`` and Atari wrappers, Gymnasium's ``TimeLimit``,
-  ``OrderEnforcing``, ``PassiveEnvChecker`` and other common wrappers, the classic-control envs): those attributes,
-  deep-copied;
+  ``OrderEnforcing``, ``PassiveEnvChecker`` and other common wrappers, the classic-control envs and ``Taxi``, and the
+  envs of the contrib configs: rl_zoo3's velocity-masking wrapper of the ``<Env>NoVel`` ids and sb3-contrib's
+  ``InvalidActionEnv*`` masking envs): those attributes, deep-copied;
 - Gymnasium's MuJoCo envs (classes defined in ``gymnasium.envs.mujoco``): a copy of the whole ``MjData``, put back
   with ``mujoco.mj_copyData``. A copy of the integration state alone (``mj_getState``) is not enough: the envs read
   body positions that ``mj_step`` left from before its last integration (Ant's and Humanoid's rewards), and
@@ -40,6 +41,7 @@ from gymnasium.envs.classic_control import (
     MountainCarEnv,
     PendulumEnv,
 )
+from gymnasium.envs.toy_text import TaxiEnv
 from gymnasium.wrappers import (
     ClipAction,
     FlattenObservation,
@@ -104,6 +106,14 @@ LAYER_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     _name(AcrobotEnv): ("state",),
     _name(MountainCarEnv): ("state",),
     _name(Continuous_MountainCarEnv): ("state",),
+    _name(TaxiEnv): ("s", "lastaction", "fickle_step", "taxi_orientation"),
+    # the contrib configs' envs: rl_zoo3's <Env>NoVel-v<k> wrapper (a fixed mask), and sb3-contrib's masking envs,
+    # which draw the next target from their action space's RNG (so the space, with its RNG, is episode state) and
+    # the masked actions from NumPy's global RNG (which the checkpoint restores)
+    "rl_zoo3.wrappers.MaskVelocityWrapper": _STATELESS,
+    **{f"sb3_contrib.common.envs.invalid_actions_env.{name}": ("state", "current_step", "num_resets", "invalid_actions",
+                                                              "action_space")
+       for name in ("InvalidActionEnvDiscrete", "InvalidActionEnvMultiDiscrete", "InvalidActionEnvMultiBinary")},
     # SB3's Atari wrappers (AtariWrapper is the outer one of the others)
     _name(AtariWrapper): _STATELESS,
     _name(ClipRewardEnv): _STATELESS,
