@@ -126,7 +126,8 @@ class InfoActionMasker(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
     def get_episode_state(self) -> np.ndarray | None:
-        """The current observation's mask, for a checkpoint to continue the episode (:mod:`sb3_ppo_scale.envs.episodes`)."""
+        """The current observation's mask, for a checkpoint to continue the episode
+        (:mod:`sb3_ppo_scale.envs.episodes`)."""
         return None if self._mask is None else self._mask.copy()
 
     def set_episode_state(self, state: np.ndarray | None) -> None:

@@ -9,8 +9,8 @@ Evaluators (COMPLETE trials only):
 Both are normalised to sum to 1 over the parameters, dummy parameters included. Stars rule (same 1-4 scale as the
 documented table, whose top parameter has 4), over the real (non-dummy) parameters:
 ``stars = max(1, ceil(4 * importance / largest real importance))``, so the top parameter gets 4 stars, one with more
-than 3/4 of its importance 4, more than 1/2 -> 3, more than 1/4 -> 2, otherwise 1 (exactly 3/4 -> 3). Whether a parameter keeps its
-stars (noise floor, star stability) is decided in :mod:`sb3_ppo_scale.tuning.verdicts`.
+than 3/4 of its importance 4, more than 1/2 -> 3, more than 1/4 -> 2, otherwise 1 (exactly 3/4 -> 3). Whether a
+parameter keeps its stars (noise floor, star stability) is decided in :mod:`sb3_ppo_scale.tuning.verdicts`.
 Noise-repeat trials (:mod:`sb3_ppo_scale.tuning.noise`) never enter importance.
 """
 

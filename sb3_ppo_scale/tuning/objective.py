@@ -1,4 +1,5 @@
-"""One trial: sample the algorithm's arguments (``spec.algo``, default ScalablePPO), train ``seeds_per_trial`` agents, evaluate them, return the objective.
+"""One trial: sample the arguments of ``spec.algo`` (default ScalablePPO), train ``seeds_per_trial`` agents, evaluate
+them, return the objective.
 
 Dummy parameters (``type: dummy``) are sampled like the others and never reach training. The per-seed objectives
 are stored on the trial (``seed_values``; their spread is what the report shows per trial).
@@ -38,7 +39,7 @@ class TrialDiverged(Exception):
 
 
 def suggest(trial: optuna.Trial, param: ParamSpec) -> Any:
-    """Ask ``trial`` for one parameter and return the value ScalablePPO receives (before any schedule); a dummy's
+    """Ask ``trial`` for one parameter and return the value the model receives (before any schedule); a dummy's
     value is only recorded on the trial."""
     if param.type == "dummy":
         return trial.suggest_float(param.name, float(param.low), float(param.high))  # type: ignore[arg-type]
@@ -108,8 +109,8 @@ def reduce_returns(returns: list[float], objective: str) -> float:
 def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], seed: int,
                        on_eval: Callable[[int, float], None] | None = None,
                        decayed: bool = False) -> tuple[float, list[float]]:
-    """Train one model of ``spec.algo`` for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate decayed
-    linearly, see :func:`trial_config`); returns (objective, eval returns).
+    """Train one model of ``spec.algo`` for ``spec.timesteps`` env steps with ``values`` (``decayed``: learning rate
+    decayed linearly, see :func:`trial_config`); returns (objective, eval returns).
 
     Evaluations run every ``eval_freq`` steps, at the env step where one falls due (during a rollout: before that
     rollout's update), and once more after training unless one fell due at the last env step (that one ran before

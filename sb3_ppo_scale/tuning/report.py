@@ -34,7 +34,8 @@ from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_decay_trial, is_noise_t
 from sb3_ppo_scale.tuning.objective import DIVERGED_ATTR
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import (
-    DECAY_REPEATS_ATTR, DEFINITION_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR, resolve_storage,
+    DECAY_REPEATS_ATTR, DEFINITION_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR,
+    resolve_storage,
 )
 from sb3_ppo_scale.tuning.spec import load_spec
 from sb3_ppo_scale.tuning.storage import open_storage
