@@ -574,6 +574,7 @@ def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_pat
 
     from sb3_ppo_scale.core.guard import NonFiniteError
     from sb3_ppo_scale.tuning import objective
+    from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 
     train = objective.train_and_evaluate
 
@@ -598,7 +599,7 @@ def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_pat
     trials = load_trials(path)
     diverged = [t for t in trials if t.state == TrialState.FAIL]
     assert len(trials) == 6 and diverged and all(t.params["clip_range"] > 0.2 for t in diverged)
-    assert {t.user_attrs[objective.DIVERGED_ATTR] for t in diverged} == {
+    assert {t.user_attrs[DIVERGED_ATTR] for t in diverged} == {
         "seed 0: non-finite loss or gradient in a PPO update (loss=nan)"}
     assert out.count("(diverged, seed 0: non-finite loss or gradient in a PPO update (loss=nan); left out of "
                      "importance)") == len(diverged)
@@ -617,7 +618,8 @@ def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_pat
 
 def test_real_divergence_ends_the_trial_as_diverged(tmp_path: Path) -> None:
     """The guard's NonFiniteError (Pendulum at learning rate 50) becomes TrialDiverged, with the reason stored."""
-    from sb3_ppo_scale.tuning.objective import DIVERGED_ATTR, TrialDiverged, make_objective
+    from sb3_ppo_scale.tuning.objective import TrialDiverged, make_objective
+    from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 
     raw = tiny_spec(tmp_path, env="Pendulum-v1", timesteps=2048)
     raw["base"].update(n_steps=256, n_envs=1)

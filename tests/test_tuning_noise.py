@@ -101,6 +101,23 @@ def test_noise_repeats_are_enqueued_once_and_a_requeued_repeat_stays_one() -> No
     assert enqueue_repeats(study, spec_from_dict(raw_spec(noise_repeats=3))) == {NOISE_ATTR: [2]}  # raised later
 
 
+def test_a_diverged_repeat_is_not_enqueued_again() -> None:
+    """A noise repeat whose training diverged (FAIL with the diverged mark) ran to its end: its seeds would diverge
+    again, so the next run does not enqueue it (it used to, once per run); a preempted one (plain FAIL) is."""
+    from optuna.trial import TrialState
+
+    from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
+
+    spec = spec_from_dict(raw_spec())
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_repeats(study, spec) == {NOISE_ATTR: [0, 1]}
+    diverged, stopped = study.ask(), study.ask()
+    diverged.set_user_attr(DIVERGED_ATTR, "seed 0: non-finite loss")
+    study.tell(diverged, state=TrialState.FAIL)
+    study.tell(stopped, state=TrialState.FAIL)
+    assert enqueue_repeats(study, spec) == {NOISE_ATTR: [1]}
+
+
 def test_decay_repeats_pair_with_noise_repeats_and_decay_the_learning_rate() -> None:
     """Decay repeats are added to a study that already has its noise repeats (a spec raised later), train with their
     noise repeat's seeds, keep their mark when re-queued, and only their learning rate becomes a linear schedule."""

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from sb3_ppo_scale.tuning.spec import StudySpec, centre_values
-from sb3_ppo_scale.tuning.storage import RETRY_ATTR
+from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR, RETRY_ATTR
 
 #: User attribute of a noise-repeat trial: its index among the study's ``noise_repeats``.
 NOISE_ATTR = "noise_repeat"
@@ -59,13 +59,13 @@ def repeat_index(trial: FrozenTrial | optuna.Trial) -> int | None:
 
 def enqueue_repeats(study: optuna.Study, spec: StudySpec) -> dict[str, list[int]]:
     """Enqueue the noise repeats ``0 .. spec.noise_repeats - 1`` and decay repeats ``0 .. spec.decay_repeats - 1``
-    that are neither waiting, running nor complete; returns the indices enqueued per mark (:data:`NOISE_ATTR`,
-    :data:`DECAY_ATTR`; empty on a resumed study that has them all)."""
+    that are neither waiting, running, complete nor diverged (its seeds would diverge again); returns the indices
+    enqueued per mark (:data:`NOISE_ATTR`, :data:`DECAY_ATTR`; empty on a resumed study that has them all)."""
     trials = study.get_trials(deepcopy=False)
     by_number = {t.number: t for t in trials}
     present: dict[str, set[int]] = {attr: set() for attr in REPEAT_KINDS}
     for trial in trials:
-        if trial.state not in _LIVE_STATES:
+        if trial.state not in _LIVE_STATES and DIVERGED_ATTR not in trial.user_attrs:  # a diverged one ran: not again
             continue
         attrs = trial.user_attrs
         if not is_repeat_trial(trial) and RETRY_ATTR in attrs:  # a waiting re-queued copy not yet marked

@@ -28,10 +28,7 @@ from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCal
 from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.tuning.preemption import PreemptionCheck
 from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, centre_values, pow2_bounds
-
-
-#: Trial user attribute of a trial whose training diverged: ``"seed <s>: <the NonFiniteError's first sentence>"``.
-DIVERGED_ATTR = "diverged"
+from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 
 
 class TrialDiverged(Exception):

@@ -31,14 +31,13 @@ from sb3_ppo_scale.tuning.importance import (
 )
 from sb3_ppo_scale.tuning.advice import advice_lines
 from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_decay_trial, is_noise_trial, learning_check, noise_estimate, seed_spread
-from sb3_ppo_scale.tuning.objective import DIVERGED_ATTR
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import (
     DECAY_REPEATS_ATTR, DEFINITION_ATTR, DUMMIES_ATTR, NOISE_REPEATS_ATTR, PLANNED_ATTR, SCHEDULES_ATTR,
     resolve_storage,
 )
 from sb3_ppo_scale.tuning.spec import load_spec
-from sb3_ppo_scale.tuning.storage import open_storage
+from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR, open_storage
 from sb3_ppo_scale.tuning.verdicts import (
     MIN_SPLIT_HALF, NOT_DISTINGUISHABLE, STAR_STABILITY, VERDICT_RULE, Rating, rate, split_half_note, verdict,
 )

@@ -34,11 +34,11 @@ from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
-from sb3_ppo_scale.tuning.objective import (
-    DIVERGED_ATTR, TrialDiverged, check_trials_can_start, decode_params, make_objective,
-)
+from sb3_ppo_scale.tuning.objective import TrialDiverged, check_trials_can_start, decode_params, make_objective
 from sb3_ppo_scale.tuning.spec import StudySpec
-from sb3_ppo_scale.tuning.storage import WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id
+from sb3_ppo_scale.tuning.storage import (
+    DIVERGED_ATTR, WORKER_ATTR, open_storage, recover_stale_trials, requeue, worker_id,
+)
 
 
 class TrialSeededRandomSampler(BaseSampler):

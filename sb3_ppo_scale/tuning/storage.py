@@ -29,6 +29,9 @@ MAX_RETRY = 2
 #: User attribute naming the process that runs a trial: "host:pid".
 WORKER_ATTR = "worker"
 RETRY_ATTR = "retry_of"
+#: Trial user attribute of a FAIL trial whose training diverged: ``"seed <s>: <why>"`` (see
+#: :mod:`sb3_ppo_scale.tuning.objective`); it ran to its end, so it is not re-queued.
+DIVERGED_ATTR = "diverged"
 
 
 def is_rdb_url(storage: str) -> bool:
