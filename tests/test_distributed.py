@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 import os
 import pickle
-import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,24 +59,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
 ATOL = 1e-6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(worker: Any, out: Path, *args: Any) -> list[Any]:
-    """Run ``worker(rank, out, *args)`` on 2 gloo ranks; returns what each rank pickled to ``out/rank<r>.pkl``."""
-    port = _free_port()
-    mp.spawn(_bootstrap, args=(port, worker, out, args), nprocs=WORLD, join=True)
+    """Run ``worker(rank, out, *args)`` on 2 gloo ranks; returns what each rank pickled to ``out/rank<r>.pkl``.
+
+    The ranks meet through a file (torch's FileStore), not a TCP port: a port found free and then closed could be
+    taken by another process (the other pytest worker's ranks) before rank 0 bound it."""
+    rendezvous = out / f"rendezvous-{uuid.uuid4().hex}"
+    mp.spawn(_bootstrap, args=(rendezvous, worker, out, args), nprocs=WORLD, join=True)
     return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
 
 
-def _bootstrap(rank: int, port: int, worker: Any, out: Path, args: tuple) -> None:
+def _bootstrap(rank: int, rendezvous: Path, worker: Any, out: Path, args: tuple) -> None:
     th.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      LOCAL_RANK=str(rank), **{dp.CHECK_SYNC_ENV: "1"})
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), **{dp.CHECK_SYNC_ENV: "1"})
+    dist.init_process_group("gloo", init_method=rendezvous.as_uri(), rank=rank, world_size=WORLD)
     try:
         result = worker(rank, out, *args)
     finally:
