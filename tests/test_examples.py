@@ -108,6 +108,13 @@ def _tuning_study(stdout: str, stderr: str) -> None:
     assert 0.0 <= last_number(stdout) <= 500.0  # CartPole returns
 
 
+def _contrib_swap(stdout: str, stderr: str) -> None:
+    assert stdout.count("parameters equal bit for bit: True") == 2, "both contrib pairs end with equal parameters"
+    masked = re.findall(r"masked evaluation return (\S+)", stdout)
+    assert len(masked) == 2 and masked[0] == masked[1], "equal parameters, same episodes: the same return"
+    assert 8.0 <= last_number(stdout) <= 500.0  # CartPole returns
+
+
 SPECIFIC_CHECKS = {
     "quickstart.py": _quickstart,
     "kl_penalty.py": _kl_penalty,
@@ -115,6 +122,7 @@ SPECIFIC_CHECKS = {
     "grad_accum.py": _grad_accum,
     "load_and_evaluate.py": _load_and_evaluate,
     "tuning_study.py": _tuning_study,
+    "contrib_swap.py": _contrib_swap,
 }
 
 
