@@ -606,6 +606,10 @@ def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_pat
     assert "trials done after" in out and f"; {len(diverged)} diverged (failed, not counted: run the same command " \
                                             "again for the rest)" in out
     assert records == []  # Optuna's warnings (with a traceback) are replaced by the progress line
+    assert len(diverged) == 3  # the Sobol points of seed 0 above clip_range 0.2: 3 complete, too few for a report
+    assert cli_main(["report", str(path), "--out", str(tmp_path / "early"), "--bootstrap", "0"]) == 2
+    assert "has 3 complete trial(s) (3 more diverged: see tune's progress lines); a report needs >= 4" in \
+        capsys.readouterr().err
     monkeypatch.setattr(objective, "train_and_evaluate", train)
     assert cli_main(["tune", str(path)]) == 0  # the rest of the plan
     report_dir = tmp_path / "report"

@@ -209,8 +209,12 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
     """Importances (both evaluators), stars and their ratings against the noise floor, top-decile ranges, bootstrap
     stability and the noise repeats of one study."""
     trials = complete_trials(study)
+    diverged = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                if DIVERGED_ATTR in t.user_attrs]
     if len(trials) < MIN_TRIALS:
-        raise ValueError(f"study {study.study_name!r} has {len(trials)} complete trial(s); a report needs >= {MIN_TRIALS}")
+        why = f" ({len(diverged)} more diverged: see tune's progress lines)" if diverged else ""
+        raise ValueError(f"study {study.study_name!r} has {len(trials)} complete trial(s){why}; a report needs >= "
+                         f"{MIN_TRIALS}")
     attrs = study.user_attrs
     arguments = dict(attrs.get("space") or {})
     params = list(arguments) or sorted({name for t in trials for name in t.params})
@@ -226,8 +230,7 @@ def analyse(study: optuna.Study, n_bootstrap: int) -> StudyResult:
         noise_planned=int(attrs.get(NOISE_REPEATS_ATTR, 0)), decay_trials=complete_trials(study, "decay"),
         decay_planned=int(attrs.get(DECAY_REPEATS_ATTR, 0)), schedules=attrs.get(SCHEDULES_ATTR), env_id=env_id,
         algo=str((attrs.get(DEFINITION_ATTR) or {}).get("algo", DEFAULT_ALGO)),
-        diverged=[t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-                  if DIVERGED_ATTR in t.user_attrs],
+        diverged=diverged,
     )
     for evaluator in EVALUATORS:
         try:
