@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, in one call (sized for a ~15-minute device lease):
-#   1. tests/test_cuda.py: ScalablePPO == PPO and the contrib classes == theirs on CUDA; cuda_graphs=True == eager;
-#      the lean loop on CUDA writes the rollout SB3's loop writes, its policy step eager and replayed from a graph;
+#   1. every test marked `cuda` (pytest -m cuda tests; 47 cases, docs/testing.md): tests/test_cuda.py (ScalablePPO ==
+#      PPO and the contrib classes == theirs on CUDA; cuda_graphs=True == eager; the lean loop on CUDA writes the
+#      rollout SB3's loop writes, its policy step eager and replayed from a graph) and tests/test_staging.py's CUDA
+#      cases (the staged rollout's minibatches == SB3's RolloutBuffer.get on the GPU);
 #   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
 #   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
@@ -27,7 +29,7 @@ export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.txt"
-timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-6}" tests/test_cuda.py 2>&1 \
+timeout "${TEST_TIMEOUT:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider -n "${TEST_WORKERS:-6}" -m cuda tests 2>&1 \
   | tee "$OUT/test_cuda.log" | tail -25
 timeout "${BENCH_TIMEOUT:-300}" "$PY" benchmarks/train_phase.py --device cuda "$COMPILE_FLAG" --repeats "${REPEATS:-3}" --out "$OUT" 2>&1 \
   | grep -v USDT | tee "$OUT/train_phase_cuda.log"

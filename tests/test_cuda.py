@@ -1,7 +1,8 @@
 """On a CUDA device: ScalablePPO still learns what PPO learns, and ``cuda_graphs=True`` learns what eager
 updates learn (same kernels replayed; the optimizer's capturable mode rounds bias corrections on the device).
 
-Skipped without CUDA (CI has none); run on a GPU machine with ``pytest tests/test_cuda.py``.
+Marked ``cuda``: skipped without CUDA (CI has none); run on a GPU machine with ``pytest -m cuda tests``
+(benchmarks/gpu_checks.sh).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from stable_baselines3.common.envs import FakeImageEnv
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from tests.helpers import max_param_diff, train_one, train_pair
 
-pytestmark = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.cuda  # tests/conftest.py skips these without CUDA
 
 #: CUDA kernels are not bit-reproducible across launch configurations (atomics in reductions, cuBLAS algorithm
 #: choice per stream), and the graphed optimizer's capturable mode computes Adam's bias corrections in float32 on

@@ -39,7 +39,7 @@ ENVS: dict[str, tuple[Callable[[], Any] | str, str]] = {
     "dict_observations": (lambda: SimpleMultiObsEnv(random_start=False), "MultiInputPolicy"),
 }
 
-DEVICES = ["cpu", "pinned_copy", pytest.param("cuda", marks=pytest.mark.skipif(not th.cuda.is_available(), reason="no GPU"))]
+DEVICES = ["cpu", "pinned_copy", pytest.param("cuda", marks=pytest.mark.cuda)]  # tests/conftest.py skips it without CUDA
 
 
 def collected_rollout(name: str) -> RolloutBuffer:
