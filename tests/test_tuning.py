@@ -478,14 +478,27 @@ def test_sigkill_mid_trial_then_resume_loses_no_completed_trial(tmp_path: Path) 
     assert len(retry) == 1 and retry[0].params == victim.params  # the killed trial ran again with its parameters
 
 
-def test_search_mode_uses_tpe_reports_intermediate_values(tmp_path: Path) -> None:
+def test_search_mode_uses_tpe_reports_intermediate_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every parameter of every trial is drawn by a TPESampler (recorded as the study samples it: a reloaded study's
+    ``sampler`` is a TPESampler whatever sampler ran the trials, so it proves nothing)."""
+    sampled: list[tuple[int, str]] = []
+    tpe_sample_independent = optuna.samplers.TPESampler.sample_independent
+
+    def recording_sample_independent(self: optuna.samplers.TPESampler, study: optuna.Study,
+                                     trial: optuna.trial.FrozenTrial, param_name: str, distribution: Any) -> Any:
+        sampled.append((trial.number, param_name))
+        return tpe_sample_independent(self, study, trial, param_name, distribution)
+
+    monkeypatch.setattr(optuna.samplers.TPESampler, "sample_independent", recording_sample_independent)
     raw = tiny_spec(tmp_path, env="Pendulum-v1", mode="search", sampler={"name": "tpe", "seed": 0},
                     pruner={"name": "median"}, n_trials=3)
     spec = load_spec(write_spec(tmp_path, raw))
     assert tune(spec) == 0
     study = optuna.load_study(study_name="tiny:Pendulum-v1", storage=open_storage(resolve_storage(spec)))
-    assert isinstance(study.sampler, optuna.samplers.TPESampler)
     trials = study.get_trials()
+    # TPE's first n_startup_trials draw through its own sample_independent (random start-up, then the model)
+    assert sorted(sampled) == sorted((t.number, name) for t in trials for name in PARAMS)
+    assert all(sorted(t.params) == sorted(PARAMS) for t in trials)
     assert len(trials) == 3 and all(t.state == TrialState.COMPLETE for t in trials)
     for trial in trials:  # one report per evaluation (128, 256 steps); the value is their mean (objective auc)
         assert sorted(trial.intermediate_values) == [128, 256]
