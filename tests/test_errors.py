@@ -86,10 +86,18 @@ def test_batching_arguments_accept_numpy_integers_as_ppo_does() -> None:
 
 
 def test_ppo_arguments_accept_numpy_scalars_inf_and_schedules() -> None:
-    model = build(n_epochs=np.int64(2), gamma=np.float32(0.99), max_grad_norm=math.inf, target_kl=None,
-                  clip_range=lambda progress: 0.2 * progress, learning_rate=np.float64(1e-3), ent_coef=-0.01)
-    model.learn(64)
-    assert model._n_updates == 2
+    """NumPy numbers, an infinite max_grad_norm, a negative ent_coef and a clip-range schedule are taken, and trained
+    with, as PPO takes them: two rollouts (the schedule at progress 0.5, then 0) end with PPO's parameters and Adam
+    state bit for bit."""
+    common = dict(n_steps=64, batch_size=64, n_epochs=np.int64(2), gamma=np.float32(0.99), max_grad_norm=math.inf,
+                  target_kl=None, clip_range=lambda progress: 0.2 * progress, learning_rate=np.float64(1e-3),
+                  ent_coef=-0.01)
+    ppo, scalable = train_pair("CartPole-v1", 128, **common)
+    assert scalable._n_updates == ppo._n_updates == 2 * 2
+    assert_identical(ppo, scalable)
+    assert scalable.clip_range(0.5) == pytest.approx(0.1) and scalable.max_grad_norm == math.inf
+    assert scalable.logger.seen["train/clip_range"] == ppo.logger.seen["train/clip_range"] == 0.0  # the last rollout's
+    assert scalable.logger.seen["train/entropy_loss"] == ppo.logger.seen["train/entropy_loss"]
 
 
 @pytest.mark.skipif(th.cuda.is_available(), reason="checks the message for a machine without CUDA")
@@ -229,7 +237,7 @@ def test_non_finite_kl_adaptation_settings_are_refused(kwargs, pattern) -> None:
     ],
 )
 def test_non_finite_kl_adaptive_lr_settings_are_refused(kwargs, pattern) -> None:
-    from sb3_ppo_scale.core.lr import KLAdaptiveLR
+    from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 
     with pytest.raises(ValueError, match=pattern):
         KLAdaptiveLR(**kwargs)
@@ -252,8 +260,16 @@ def test_a_policy_with_its_own_extractor_keeps_its_own_net_arch() -> None:
         def _build_mlp_extractor(self) -> None:  # net_arch = [width, dropout rate]
             self.mlp_extractor = MlpExtractor(self.features_dim, [self.net_arch[0]], self.activation_fn, self.device)
 
-    ScalablePPO(DropoutNetArchPolicy, "CartPole-v1", n_steps=64, device="cpu", policy_kwargs=dict(net_arch=[16, 0.1])).learn(64)
-    build(policy_kwargs=dict(net_arch=[np.int64(16)]))
+    custom = ScalablePPO(DropoutNetArchPolicy, "CartPole-v1", n_steps=64, device="cpu",
+                         policy_kwargs=dict(net_arch=[16, 0.1]))
+    custom.learn(64)
+    assert custom.policy.net_arch == [16, 0.1] and custom.policy_kwargs["net_arch"] == [16, 0.1]
+    assert [layer.out_features for layer in custom.policy.mlp_extractor.policy_net if hasattr(layer, "out_features")] == [16]
+    assert custom.policy.mlp_extractor.latent_dim_pi == custom.policy.mlp_extractor.latent_dim_vf == 16
+    numpy_sized = build(policy_kwargs=dict(net_arch=[np.int64(16)]))
+    assert numpy_sized.policy.net_arch == [16]
+    widths = [layer.out_features for layer in numpy_sized.policy.mlp_extractor.modules() if isinstance(layer, th.nn.Linear)]
+    assert widths == [16, 16]  # one hidden layer of 16 for the policy and one for the value function
 
 
 def test_numpy_schedule_constants_train_as_the_python_numbers_they_hold(tmp_path) -> None:
