@@ -59,8 +59,11 @@ def train(run_dir: Path, timesteps: int, every: int, seed: int, preempt: bool) -
                             tensorboard_log=str(run_dir / "tensorboard"))
         print(f"new run in {run_dir}")
     extra = PreemptOnce(path) if preempt and not path.exists() else None
-    return learn_resumable(model, timesteps, ResumableCheckpoint(path, every_steps=every), callback=extra,
-                           tb_log_name="ScalablePPO")
+    model = learn_resumable(model, timesteps, ResumableCheckpoint(path, every_steps=every), callback=extra,
+                            tb_log_name="ScalablePPO")
+    runs = sorted(p.name for p in (run_dir / "tensorboard").iterdir())
+    print(f"TensorBoard runs: {', '.join(runs)}")  # a resumed run logs on in its run, not a new ScalablePPO_2
+    return model
 
 
 def main() -> int:

@@ -115,6 +115,23 @@ def _contrib_swap(stdout: str, stderr: str) -> None:
     assert 8.0 <= last_number(stdout) <= 500.0  # CartPole returns
 
 
+def _resume(stdout: str, stderr: str) -> None:
+    """The smoke run preempts itself once and resumes from the checkpoint where it stopped, in the same TensorBoard
+    run, to the same budget."""
+    preempted = re.search(r"^preempted: stopped by SIGTERM; checkpoint \S+ at (\d+) env steps \(exit code 75\)$",
+                          stdout, re.M)
+    assert preempted, f"the smoke run was never preempted:\n{stdout}"
+    assert "received SIGTERM: stopping training, writing checkpoint" in stderr
+    resumed = re.search(r"^resuming at (\d+) of (\d+) env steps$", stdout, re.M)
+    assert resumed, f"the requeued run did not resume from the checkpoint:\n{stdout}"
+    stopped_at, resumed_at, budget = int(preempted.group(1)), int(resumed.group(1)), int(resumed.group(2))
+    assert 0 < stopped_at < budget == 4096 and resumed_at == stopped_at, "resumed at the checkpoint's step count"
+    order = [stdout.index(line) for line in ("new run in", "preempted:", "resuming at", "trained ")]
+    assert order == sorted(order) and stdout.count("new run in") == 1, "one new run, then preempted, then resumed"
+    assert labelled_number(stdout, "trained") == f"{budget} env steps (budget {budget})"
+    assert re.findall(r"^TensorBoard runs: (.*)$", stdout, re.M) == ["ScalablePPO_1"], "the resume logs on in its run"
+
+
 SPECIFIC_CHECKS = {
     "quickstart.py": _quickstart,
     "kl_penalty.py": _kl_penalty,
@@ -123,6 +140,7 @@ SPECIFIC_CHECKS = {
     "load_and_evaluate.py": _load_and_evaluate,
     "tuning_study.py": _tuning_study,
     "contrib_swap.py": _contrib_swap,
+    "resume.py": _resume,
 }
 
 
