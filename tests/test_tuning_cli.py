@@ -57,14 +57,30 @@ def test_committed_specs_write_under_the_working_directory() -> None:
     assert APPENDED_STUDIES <= names
 
 
-def test_committed_specs_can_start_their_trials() -> None:
-    """Each committed spec's envs and model (the space's centre) build, as the first trial would build them."""
-    from sb3_ppo_scale.tuning.objective import check_trials_can_start
+def test_committed_specs_can_start_their_trials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each committed spec's envs and model (the space's centre) build, as the first trial would build them: the
+    check raises for none of them, and it did build each env's model with the spec's algorithm."""
+    from sb3_ppo_scale.experiments.algorithms import algorithm
+    from sb3_ppo_scale.tuning import objective
 
-    for path in sorted((ROOT / "tuning").glob("*.yaml")):
+    built: list[tuple[str, str]] = []
+    build_model = objective.zoo.build_model
+
+    def recording_build(config: Any, env: Any, algo_class: type, **kwargs: Any) -> Any:
+        model = build_model(config, env, algo_class, **kwargs)
+        built.append((config.env_id, type(model).__name__))
+        return model
+
+    monkeypatch.setattr(objective.zoo, "build_model", recording_build)
+    expected = []
+    specs = sorted((ROOT / "tuning").glob("*.yaml"))
+    assert specs, "no committed specs found"
+    for path in specs:
         spec = load_spec(path)
         for env_id in spec.envs:
-            check_trials_can_start(spec, env_id)
+            objective.check_trials_can_start(spec, env_id)
+            expected.append((env_id, algorithm(spec.algo).cls.__name__))
+    assert built == expected
 
 
 def test_quick_study_then_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
