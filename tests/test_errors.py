@@ -264,12 +264,14 @@ def test_a_policy_with_its_own_extractor_keeps_its_own_net_arch() -> None:
                          policy_kwargs=dict(net_arch=[16, 0.1]))
     custom.learn(64)
     assert custom.policy.net_arch == [16, 0.1] and custom.policy_kwargs["net_arch"] == [16, 0.1]
-    assert [layer.out_features for layer in custom.policy.mlp_extractor.policy_net if hasattr(layer, "out_features")] == [16]
+    def widths(model: ScalablePPO) -> list[int]:
+        return [layer.out_features for layer in model.policy.mlp_extractor.modules() if isinstance(layer, th.nn.Linear)]
+
+    assert widths(custom) == [16, 16]  # the extractor's width is net_arch[0]: one layer of 16 for pi, one for vf
     assert custom.policy.mlp_extractor.latent_dim_pi == custom.policy.mlp_extractor.latent_dim_vf == 16
     numpy_sized = build(policy_kwargs=dict(net_arch=[np.int64(16)]))
     assert numpy_sized.policy.net_arch == [16]
-    widths = [layer.out_features for layer in numpy_sized.policy.mlp_extractor.modules() if isinstance(layer, th.nn.Linear)]
-    assert widths == [16, 16]  # one hidden layer of 16 for the policy and one for the value function
+    assert widths(numpy_sized) == [16, 16]  # one hidden layer of 16 for the policy and one for the value function
 
 
 def test_numpy_schedule_constants_train_as_the_python_numbers_they_hold(tmp_path) -> None:
