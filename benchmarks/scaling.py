@@ -11,7 +11,7 @@ uses one torch thread (``OMP_NUM_THREADS=1``). SB3's PPO (one process) runs in t
     python benchmarks/scaling.py learning [--procs 1 2] [--seeds 0 1] [--timesteps 150000] [--threshold 1500]
     python benchmarks/scaling.py profile [--procs 2]
     python benchmarks/scaling.py collectives
-    python benchmarks/scaling.py report
+    python benchmarks/scaling.py report [--threshold 1500]
 
 ``throughput``: env steps/s of the whole ``learn()`` (collection + update) on rank 0, repeats alternating over the
 process counts; efficiency(n) = throughput(n) / (n x throughput(1)) from the medians. Each rank also reports where
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -132,6 +133,7 @@ def _collectives(args: argparse.Namespace) -> None:
     worker = [str(Path(__file__).resolve()), "collectives_worker", "--entry", args.entry, "--repeats",
               str(args.repeats), "--out", str(out), *(f"--set={pair}" for pair in args.overrides)]
     subprocess.run([*launcher, *worker], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    _stamp(out, args)
     print(out.read_text())
 
 
@@ -198,7 +200,17 @@ def _launch(procs: int, out: Path, args: argparse.Namespace, seed: int, algo: st
                                                     "--nproc-per-node", str(procs)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run([*launcher, *worker], check=True, env=env)
-    return json.loads(out.read_text())
+    return _stamp(out, args)
+
+
+def _stamp(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Add to a run's JSON record the command that made it (this script's command line) and the UTC date; the report
+    lists them."""
+    record = json.loads(out.read_text())
+    record["command"] = " ".join(["python benchmarks/scaling.py", *map(shlex.quote, args.argv)])
+    record["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    out.write_text(json.dumps(record, indent=1))
+    return record
 
 
 def _throughput(args: argparse.Namespace) -> None:
@@ -313,9 +325,11 @@ def _report(args: argparse.Namespace) -> None:
     throughput = _load("throughput_")
     learning = _load("learning_")
     profiles = _load("profile_")
+    report = " ".join(["python benchmarks/scaling.py", *map(shlex.quote, args.argv)])
     lines = ["# Data-parallel scaling (torchrun, gloo, one torch thread per process)", "",
-             "Produced by `python benchmarks/scaling.py throughput|learning|profile [--set KEY=VALUE]` then "
-             "`python benchmarks/scaling.py report` (runs in `benchmarks/results/scaling_runs/`). Every process count "
+             f"Produced by `{report}` on {time.strftime('%Y-%m-%d', time.gmtime())} from the runs in "
+             "`benchmarks/results/scaling_runs/`, each made by the command listed with its date under \"Commands "
+             "and dates\" at the end. Every process count "
              "trains the same global batch for the same env steps: each of n ranks runs n_envs / n envs and trains "
              "on batch_size / n samples of every minibatch. Machine: the 2-core box, SHARED with other jobs while "
              "measuring (load average 10-18 on 2 cores for the n_envs=16 rows, the profile and the learning runs; 2-5 "
@@ -349,6 +363,21 @@ def _report(args: argparse.Namespace) -> None:
                   "every process count", "", *_learning_table(learning, args.threshold), "",
                   f"Deterministic evaluations of 5 episodes on rank 0 every {_eval_spacing(learning)} steps (and at "
                   "the end); training time excludes evaluation."]
+    lines += ["", "## Commands and dates", "", "| command | date | runs |", "|---|---|---:|"]
+    made: dict[tuple[str, str], list[int]] = {}  # (command, date) -> [runs, of which reconstructed]
+    for path in sorted(RUNS.glob("*.json")):
+        record = json.loads(path.read_text())
+        counts = made.setdefault((record.get("command", "not recorded"), record.get("date", "not recorded")), [0, 0])
+        counts[0] += 1
+        counts[1] += bool(record.get("command_reconstructed"))
+    for (command, date), (runs, rebuilt) in sorted(made.items(), key=lambda item: (item[0][1], item[0][0])):
+        lines.append(f"| `{command}`{' (reconstructed)' if rebuilt else ''} | {date} | {runs} |")
+    reconstructed = any(rebuilt for _, rebuilt in made.values())
+    if reconstructed:
+        lines += ["", "Reconstructed: runs made before the records kept their command line. The command is "
+                  "docs/distributed.md's for that run kind with the record's entry, overrides, seeds and steps "
+                  "(`--timesteps` as the steps run; learn() rounds a budget up to whole rollouts, so it reproduces "
+                  "them); the date is that of the commit that added the record."]
     (RESULTS / "scaling.md").write_text("\n".join(lines) + "\n")
     _plot(curves, learning, RESULTS / "scaling.png")
     print("\n".join(lines))
@@ -380,6 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a hyperparameter of the entry (n_envs is the total over all processes)")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded with each run (_stamp) and in the report
     {"worker": _worker, "throughput": _throughput, "learning": _learning, "profile": _profile,
      "collectives": _collectives, "collectives_worker": _collectives_worker, "report": _report}[args.command](args)
 
