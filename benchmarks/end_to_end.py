@@ -396,7 +396,7 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
     from stable_baselines3.common.vec_env import VecNormalize
 
     from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
-    from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+    from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean
     from sb3_ppo_scale.experiments.algorithms import MASKING_ENVS, register_envs
 
     register_envs(env_id)
@@ -430,7 +430,7 @@ def _collection_pair(env_id: str, n_envs: int, seed: int,
 
 def _lean_with_own_env_step(model: Any, env: Any, callback: Any, buffer: Any, n_steps: int) -> bool:
     """The lean loop with the VecEnv stepped by its own ``step``: what ``vec_env_step`` buys, measured."""
-    from sb3_ppo_scale.core import lean_collect
+    from sb3_ppo_scale.core.collect import lean as lean_collect
 
     lean_step = lean_collect.vec_env_step
     lean_collect.vec_env_step = lambda vec_env: vec_env.step
@@ -543,8 +543,8 @@ def profile_command(args: argparse.Namespace, argv: list[str]) -> None:
     from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
     from stable_baselines3.common.utils import obs_as_tensor
 
-    from sb3_ppo_scale.core.inference import FusedActorCritic
-    from sb3_ppo_scale.core.lean_step import vec_env_step
+    from sb3_ppo_scale.core.policy.inference import FusedActorCritic
+    from sb3_ppo_scale.core.collect.vec_step import vec_env_step
 
     n_envs = args.n_envs
     _, model, callback, _ = _collection_pair(args.env, n_envs, args.seed)[0]
@@ -670,7 +670,7 @@ class _TimedEnv:
     """A VecEnv proxy that adds up the seconds spent in ``step``, stepping ``env`` as the lean loop steps it."""
 
     def __init__(self, env: Any) -> None:
-        from sb3_ppo_scale.core.lean_step import vec_env_step
+        from sb3_ppo_scale.core.collect.vec_step import vec_env_step
 
         self.env, self.lean_step, self.seconds = env, vec_env_step(env), 0.0
 
@@ -687,7 +687,8 @@ class _TimedEnv:
 def _lean_step_inside(model: Any, callback: Any) -> dict[str, float]:
     """Microseconds per step of one lean rollout: in all, in the env's ``step`` and in the fused policy call (the
     probes add two clock reads and one proxy attribute lookup per step, under 1 us)."""
-    from sb3_ppo_scale.core import inference, lean_collect
+    from sb3_ppo_scale.core.collect import lean as lean_collect
+    from sb3_ppo_scale.core.policy import inference
 
     timed_env, policy_s = _TimedEnv(model.env), [0.0]
     fused_call = inference.FusedActorCritic.__call__

@@ -7,7 +7,7 @@
 #   2. benchmarks/train_phase.py --device cuda: update-phase throughput and peak memory against SB3 PPO;
 #   3. with CPU_BENCH=1, benchmarks/train_phase.py --device cpu on the GPU box's many cores (the CPU target of
 #      issue 2 was set on an 8-thread CPU), written as train_phase_cpu.md in $OUT;
-#   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/profile_train.py);
+#   4. with PROFILE=1, cProfile breakdowns of train() (benchmarks/studies/profile_train.py);
 #   5. with COMPILE=1, both train_phase runs also time ScalablePPO(compile_loss=True) (inductor: Triton on CUDA, a
 #      C++ compiler on the CPU; off by default so a box without one still gives the other figures);
 #   6. with CONTRIB=1, benchmarks/contrib_train.py --device cuda: the contrib classes' train() against sb3-contrib's
@@ -39,8 +39,8 @@ if [ ! -s "$OUT/train_phase_cuda.md" ]; then  # the graph variant failed: keep t
     --out "$OUT" 2>&1 | grep -v USDT | tee "$OUT/train_phase_cuda_nographs.log"
 fi
 if [ -n "${PROFILE:-}" ]; then  # host-time breakdown of train() (cProfile), for finding what is left to remove
-  timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape halfcheetah --batch 65536 > "$OUT/profile_halfcheetah_65536.txt" 2>&1
-  timeout 120 "$PY" benchmarks/profile_train.py --device cuda --shape atari --batch 4096 > "$OUT/profile_atari_4096.txt" 2>&1
+  timeout 120 "$PY" benchmarks/studies/profile_train.py --device cuda --shape halfcheetah --batch 65536 > "$OUT/profile_halfcheetah_65536.txt" 2>&1
+  timeout 120 "$PY" benchmarks/studies/profile_train.py --device cuda --shape atari --batch 4096 > "$OUT/profile_atari_4096.txt" 2>&1
   for f in "$OUT"/profile_*.txt; do tail -n 3 "$f"; done
 fi
 if [ -n "${CPU_BENCH:-}" ]; then

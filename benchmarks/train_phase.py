@@ -13,7 +13,7 @@ batch 4 096 without accumulation.
 
     python benchmarks/train_phase.py [--device cpu|cuda] [--repeats 3] [--out benchmarks/results]
 
-``--guard-cost`` instead measures what the non-finite guard (sb3_ppo_scale.core.guard) costs: ScalablePPO as built
+``--guard-cost`` instead measures what the non-finite guard (sb3_ppo_scale.core.update.guard) costs: ScalablePPO as built
 (guarded) against the same model with :class:`UnguardedGuard` patched in (``optimizer.step()`` always, no finiteness
 check, no host sync; the guard has no off switch, this patch exists only here), with SB3 PPO alongside, on a
 HalfCheetah-shaped rollout of 16 384 samples (``GUARD_ROLLOUT``) at batch 64 and 4 096 (``GUARD_BATCHES``); it writes ``guard_cost_<device>.md``.
@@ -37,7 +37,7 @@ from stable_baselines3 import PPO
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine_line, median, refill, sync, synthetic_model, timed_train  # noqa: E402
 from sb3_ppo_scale import ScalablePPO  # noqa: E402
-from sb3_ppo_scale.core.guard import NonFiniteGuard  # noqa: E402
+from sb3_ppo_scale.core.update.guard import NonFiniteGuard  # noqa: E402
 
 #: untimed train() calls per model first (steady state: ScalablePPO(cuda_graphs=True) captures its graph once
 #: nothing changes between calls, at the latest in the third call)

@@ -3,7 +3,14 @@
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.contrib import ScalableMaskablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.buffers.prioritized import MaskablePrioritizedRolloutBuffer, PrioritizedRolloutBuffer
-from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.update.sampling import MinibatchLoader
+from sb3_ppo_scale import checkpoint, distributed
+from sb3_ppo_scale.core import extensions
+from sb3_ppo_scale.envs import overlap
+
+# the layers above the core provide what it plugs in (sb3_ppo_scale.core.extensions)
+extensions.install(data_parallel=distributed, checkpoint_loader=checkpoint.load_checkpoint,
+                   collectors={"overlap_collection": overlap.OVERLAPPED})
 
 __all__ = ["ScalablePPO", "ScalableMaskablePPO", "ScalableRecurrentPPO", "MinibatchLoader", "PrioritizedRolloutBuffer",
            "MaskablePrioritizedRolloutBuffer"]

@@ -1,5 +1,8 @@
 """Exact resume: checkpoints that hold everything the next update depends on, and preemption (SIGTERM/SIGINT).
 
+Kept as one module (over 600 lines): every field a checkpoint writes has its reader a few functions away, so a
+field added on one side cannot be forgotten on the other (tests/test_checkpoint.py checks both sides together).
+
 A checkpoint is one file (``torch.save`` of a dict, written to a temporary file in the same folder and then
 ``os.replace``-d over the previous one, so a crash while writing leaves the previous checkpoint intact). It holds:
 

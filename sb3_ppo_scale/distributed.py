@@ -12,7 +12,7 @@ What is global and what is per rank (see ``docs/distributed.md``):
   (ValueError when not divisible), split into ``grad_accum_steps`` micro-batches locally. Each micro-batch's loss
   is weighted by its share of the global minibatch, so the summed gradient is that of the union of the ranks'
   minibatches; advantages are normalised with all-reduced moments, statistics (approx KL for ``target_kl``) are
-  all-reduced (:class:`~sb3_ppo_scale.core.step.UpdateStep`), and the KL-penalty beta adapts on the all-reduced
+  all-reduced (:class:`~sb3_ppo_scale.core.update.step.UpdateStep`), and the KL-penalty beta adapts on the all-reduced
   rollout KL.
 - ``num_timesteps`` (hence ``learn(total_timesteps)``, schedules and logged fps) counts the steps of all ranks:
   after each rollout it grows by the sum of every rank's steps. During a rollout it counts this rank's steps on
@@ -60,7 +60,7 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.step import LOCAL, Reducer
+from sb3_ppo_scale.core.update.step import LOCAL, Reducer
 
 #: environment variable that switches on the parameter checksum comparison after every update
 CHECK_SYNC_ENV = "SB3_PPO_SCALE_CHECK_SYNC"
@@ -161,7 +161,7 @@ def _destroy_process_group() -> None:
 
 # ------------------------------------------------------------------------------------------------ reducer
 class ProcessGroupReducer:
-    """The :class:`~sb3_ppo_scale.core.step.Reducer` of a torch.distributed process group: sums over ranks.
+    """The :class:`~sb3_ppo_scale.core.update.step.Reducer` of a torch.distributed process group: sums over ranks.
 
     :param device: where collectives run (CUDA for NCCL, CPU for gloo); tensors elsewhere are copied there and back.
     :param group: the process group (default: the default group).
@@ -191,7 +191,7 @@ class ProcessGroupReducer:
     def sum_gradients(self, parameters: list[th.nn.Parameter]) -> None:
         """Sum every parameter's ``.grad`` over ranks with ONE all-reduce of the flattened gradients.
 
-        :class:`~sb3_ppo_scale.core.step.UpdateStep` sums the minibatch's statistics right after the gradients and
+        :class:`~sb3_ppo_scale.core.update.step.UpdateStep` sums the minibatch's statistics right after the gradients and
         reads neither in between, so the gradients are held back and reduced in the same collective as those
         statistics (:meth:`sum_`): one all-reduce per logical minibatch carries both. Parameters without a gradient
         are skipped (the same ones on every rank: the model is the same).

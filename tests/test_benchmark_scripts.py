@@ -57,7 +57,7 @@ def test_collect_checks_the_rollouts_it_times(tmp_path: Path) -> None:
 
 
 def test_flat_adam_benchmark_writes_its_table(tmp_path: Path) -> None:
-    script = SCRIPT.parent / "flat_adam.py"
+    script = SCRIPT.parent / "studies" / "flat_adam.py"
     done = subprocess.run([sys.executable, str(script), "--repeats", "1", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -106,7 +106,7 @@ def test_learn_table_reports_page_faults_cpu_share_and_ratios() -> None:
 
 
 def test_update_trims_benchmark_writes_its_table(tmp_path: Path) -> None:
-    script = SCRIPT.parent / "update_trims.py"
+    script = SCRIPT.parent / "studies" / "update_trims.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, str(script), "--configs", "hopper_sb3_defaults", "--repeats", "1", "--out",
                            str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
@@ -117,7 +117,7 @@ def test_update_trims_benchmark_writes_its_table(tmp_path: Path) -> None:
 
 
 def test_episode_capture_benchmark_writes_its_table(tmp_path: Path) -> None:
-    script = SCRIPT.parent / "episode_capture.py"
+    script = SCRIPT.parent / "studies" / "episode_capture.py"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, str(script), "--configs", "cartpole_8envs", "--repeats", "1", "--captures",
                            "1", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)

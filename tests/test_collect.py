@@ -11,7 +11,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core import collect
+from sb3_ppo_scale.core.collect import device as collect
 from tests.helpers import assert_identical, import_envpool
 
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=2, device="cpu", seed=0)
@@ -65,13 +65,16 @@ def test_bad_collect_device(bad) -> None:
 
 def test_overlap_collection_routes_envpool_rollouts_through_the_double_buffered_collector() -> None:
     import_envpool()
-    from sb3_ppo_scale.core import algorithm as ppo_module  # the mixin holds the collection path
+    from sb3_ppo_scale.core.extensions import EXTENSIONS, Collector  # the overlapped loop plugs into the core
     from sb3_ppo_scale.envs import make_envpool_vec_env
 
+    installed = EXTENSIONS.collectors["overlap_collection"]
     for overlap, expected_calls in ((False, 0), (True, 2)):
         env = make_envpool_vec_env("HalfCheetah-v5", 4, seed=0)
         model = ScalablePPO("MlpPolicy", env, overlap_collection=overlap, **SMALL)
-        with mock.patch.object(ppo_module, "collect_rollouts_overlapped", wraps=ppo_module.collect_rollouts_overlapped) as overlapped:
+        overlapped = mock.Mock(wraps=installed.collect)
+        with mock.patch.dict(EXTENSIONS.collectors,
+                             {"overlap_collection": Collector(installed.name, installed.blocker, overlapped)}):
             model.learn(2 * 64 * 4)
         assert overlapped.call_count == expected_calls
         assert model.num_timesteps == 2 * 64 * 4

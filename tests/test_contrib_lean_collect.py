@@ -33,7 +33,7 @@ from sb3_ppo_scale.contrib import maskable, recurrent
 from sb3_ppo_scale.contrib.maskable import _CheckedMaskablePPO
 from sb3_ppo_scale.contrib.masks import InfoActionMasker, mask_blocks
 from sb3_ppo_scale.contrib.recurrent_collect import FusedRecurrentActorCritic, recurrent_lean_blocker
-from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.policy.inference import FusedActorCritic, fusion_blocker
 from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, seeded_dict_env
 from tests.test_contrib_recurrent import CASES as RECURRENT_CASES
 

@@ -17,8 +17,8 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import MaskablePrioritizedRolloutBuffer, PrioritizedRolloutBuffer, ScalableMaskablePPO
-from sb3_ppo_scale.core.evaluation import evaluate_actions
-from sb3_ppo_scale.core.kl import analytic_kl, distribution_params
+from sb3_ppo_scale.core.policy.evaluation import evaluate_actions
+from sb3_ppo_scale.core.update.kl import analytic_kl, distribution_params
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, assert_params_close, max_param_diff, train_one
 
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=3)

@@ -15,7 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import ScalableRecurrentPPO
 from sb3_ppo_scale.contrib.sequences import ChunkBatch, ChunkLoader, SequenceBatch, SequenceLoader
-from sb3_ppo_scale.core.objectives import AdvantageNormalizer
+from sb3_ppo_scale.core.update.objectives import AdvantageNormalizer
 from tests.helpers import ACCUMULATION_ATOL, assert_params_close, train_one
 
 LSTM = dict(lstm_hidden_size=16, net_arch=[16])

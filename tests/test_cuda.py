@@ -185,7 +185,7 @@ def test_lean_collection_on_cuda_writes_sb3s_rollout(case: str) -> None:
 def test_graphed_collection_step_writes_sb3s_rollout(case: str) -> None:
     """The lean loop with its policy step replayed from a CUDA graph (``cuda_graphs=True``) against SB3's loop on the
     GPU: every buffer field, the callbacks' locals and the RNG state equal; one capture for both rollouts."""
-    from sb3_ppo_scale.core.inference_graph import InferenceGraphs
+    from sb3_ppo_scale.core.collect.graphed_step import InferenceGraphs
     from tests.test_lean_collect import assert_same_rollouts
 
     graphs = InferenceGraphs()

@@ -41,7 +41,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale import distributed as dp
-from sb3_ppo_scale.core.step import LOCAL
+from sb3_ppo_scale.core.update.step import LOCAL
 from tests.helpers import GivenOrderHooks
 
 WORLD = 2

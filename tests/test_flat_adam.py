@@ -10,8 +10,8 @@ import pytest
 import torch as th
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core import flat_adam
-from sb3_ppo_scale.core.flat_adam import FlatAdam, flat_blocker, flat_step_is_exact
+from sb3_ppo_scale.core.update import flat_adam
+from sb3_ppo_scale.core.update.flat_adam import FlatAdam, flat_blocker, flat_step_is_exact
 
 SHAPES = [(64, 11), (64,), (64, 64), (3, 64), (3,), (1, 64), (1,)]
 

@@ -22,7 +22,7 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticCnnPolicy, M
 
 from sb3_ppo_scale import ScalableMaskablePPO, ScalablePPO
 from sb3_ppo_scale.contrib.maskable import evaluate_masked
-from sb3_ppo_scale.core.evaluation import FusedEvaluator, evaluate_actions
+from sb3_ppo_scale.core.policy.evaluation import FusedEvaluator, evaluate_actions
 
 ACTIONS = spaces.Box(-2.0, 2.0, (3,))
 IMAGE = spaces.Box(0, 255, (1, 36, 36), dtype=np.uint8)  # channel-first, as after VecTransposeImage

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch as th
 
-from sb3_ppo_scale.core import gradient_ops
-from sb3_ppo_scale.core.gradient_ops import clip_grad_norm, clip_is_torchs, gradient_clearer
+from sb3_ppo_scale.core.update import gradient_ops
+from sb3_ppo_scale.core.update.gradient_ops import clip_grad_norm, clip_is_torchs, gradient_clearer
 
 SHAPES = [(64, 11), (64,), (64, 64), (3, 64), (3,), (1, 64), (1,)]
 

@@ -22,11 +22,11 @@ from stable_baselines3.common.envs import FakeImageEnv
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalableMaskablePPO, ScalablePPO, ScalableRecurrentPPO
-from sb3_ppo_scale.core.gradient_ops import clip_grad_norm
-from sb3_ppo_scale.core.inference import FusedActorCritic
-from sb3_ppo_scale.core.inference_graph import GraphedStep
-from sb3_ppo_scale.core.guard import NonFiniteGuard
-from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.core.update.gradient_ops import clip_grad_norm
+from sb3_ppo_scale.core.policy.inference import FusedActorCritic
+from sb3_ppo_scale.core.collect.graphed_step import GraphedStep
+from sb3_ppo_scale.core.update.guard import NonFiniteGuard
+from sb3_ppo_scale.core.update.step import StepSettings, UpdateStep, distribution_validation
 from tests.helpers import seeded_dict_env
 from tests.test_lean_collect import CASES, model_and_obs
 

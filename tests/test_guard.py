@@ -1,4 +1,4 @@
-"""The non-finite guard (sb3_ppo_scale.core.guard): a NaN in one minibatch skips that optimizer step (parameters and
+"""The non-finite guard (sb3_ppo_scale.core.update.guard): a NaN in one minibatch skips that optimizer step (parameters and
 Adam state untouched), counts it in ``train/nonfinite_steps`` and warns; ``nonfinite="raise"`` stops at once with
 the minibatch statistics; MAX_CONSECUTIVE skips in a row stop training; finite steps are PPO's exactly."""
 
@@ -15,7 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import KVWriter, Logger
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core.guard import MAX_CONSECUTIVE, NonFiniteError, NonFiniteGuard
+from sb3_ppo_scale.core.update.guard import MAX_CONSECUTIVE, NonFiniteError, NonFiniteGuard
 from tests.helpers import assert_same_state
 
 N_STEPS, N_ENVS = 32, 2

@@ -99,6 +99,66 @@ def test_each_module_imports_on_its_own_in_a_fresh_process():
 
 @pytest.mark.parametrize("module", ["sb3_ppo_scale.distributed", "sb3_ppo_scale.checkpoint"])
 def test_training_state_modules_do_not_import_the_algorithm(module):
-    """The algorithm imports checkpointing and data parallelism, not the other way round."""
+    """Checkpointing and data parallelism plug into the core (sb3_ppo_scale.core.extensions); they do not import
+    the algorithm."""
     imported = _imported(module, MODULES[module])
     assert "sb3_ppo_scale.core.ppo" not in imported and "sb3_ppo_scale.core.algorithm" not in imported
+
+
+#: the layers above the core: nothing under sb3_ppo_scale/core/ may import them (they plug in through
+#: sb3_ppo_scale.core.extensions)
+ABOVE_THE_CORE = ("sb3_ppo_scale.distributed", "sb3_ppo_scale.checkpoint", "sb3_ppo_scale.envs",
+                  "sb3_ppo_scale.experiments", "sb3_ppo_scale.tuning", "sb3_ppo_scale.contrib",
+                  "sb3_ppo_scale.buffers", "sb3_ppo_scale.cli")
+
+
+def _reaches_above_the_core(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each core module's imports of a module above the core (the package itself, ``sb3_ppo_scale``, included)."""
+    return {module: reached for module, imports in graph.items() if module.startswith("sb3_ppo_scale.core")
+            if (reached := {name for name in imports if name == "sb3_ppo_scale" or name.startswith(ABOVE_THE_CORE)})}
+
+
+def test_nothing_in_the_core_imports_a_layer_above_it():
+    graph = {module: _imported(module, path) for module, path in MODULES.items()}
+    assert len([module for module in graph if module.startswith("sb3_ppo_scale.core.")]) > 20  # the parser sees them
+    assert _reaches_above_the_core(graph) == {}
+
+
+def test_the_direction_check_catches_a_core_module_that_imports_upwards():
+    graph = {"sb3_ppo_scale.core.algorithm": {"sb3_ppo_scale.distributed", "sb3_ppo_scale.core.config"},
+             "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.overlap"},
+             "sb3_ppo_scale.core.config": {"sb3_ppo_scale.core.checks"},
+             "sb3_ppo_scale.distributed": {"sb3_ppo_scale.core.config"}}
+    assert _reaches_above_the_core(graph) == {"sb3_ppo_scale.core.algorithm": {"sb3_ppo_scale.distributed"},
+                                              "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.overlap"}}
+
+
+def test_the_update_and_collection_parts_do_not_import_each_other():
+    """One feature's change touches one part: ``core.update`` and ``core.collect`` share only ``core.policy``,
+    ``core.exact`` and the checks."""
+    for part, other in (("update", "collect"), ("collect", "update")):
+        for module, path in MODULES.items():
+            if module.startswith(f"sb3_ppo_scale.core.{part}."):
+                assert not {name for name in _imported(module, path)
+                            if name.startswith(f"sb3_ppo_scale.core.{other}")}, module
+
+
+def test_modules_that_moved_keep_their_old_import_path():
+    """Models pickled before core/ was split name classes by the old paths (tests/test_saved_before_move.py)."""
+    from sb3_ppo_scale.core import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    assert not (PACKAGE_DIR / "core" / "lr.py").exists()
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    for folder in {path.parent for path in MODULES.values()}:
+        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
+        assert len(modules) <= 12, folder
+
+
+def test_a_module_over_600_lines_states_why_in_its_docstring():
+    for module, path in MODULES.items():
+        if len(path.read_text().splitlines()) > 600:
+            assert "Kept as one module" in (ast.get_docstring(ast.parse(path.read_text())) or ""), module

@@ -1,4 +1,4 @@
-"""Collection's graphed policy step (sb3_ppo_scale.core.inference_graph), everything but the capture itself.
+"""Collection's graphed policy step (sb3_ppo_scale.core.collect.graphed_step), everything but the capture itself.
 
 ``InferenceGraphs(capture=False)`` runs the step exactly as the captured one does (fixed input buffers, the Gaussian
 draws made eagerly into a fixed noise buffer, the body on those buffers, the outputs copied out) without a CUDA
@@ -15,10 +15,10 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core import inference_graph
-from sb3_ppo_scale.core.inference import FusedActorCritic
-from sb3_ppo_scale.core.inference_graph import GraphedStep, InferenceGraphs, collection_step
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
+from sb3_ppo_scale.core.collect import graphed_step as inference_graph
+from sb3_ppo_scale.core.policy.inference import FusedActorCritic
+from sb3_ppo_scale.core.collect.graphed_step import GraphedStep, InferenceGraphs, collection_step
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean
 from tests.helpers import assert_same_state
 from tests.test_lean_collect import CASES, N_STEPS, _collect, assert_same_rollouts, model_and_obs
 

@@ -19,7 +19,7 @@ from stable_baselines3.common.envs import IdentityEnvMultiBinary, IdentityEnvMul
 from torch.distributions import kl_divergence
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core.kl import (
+from sb3_ppo_scale.core.update.kl import (
     KL_COEF_BOUNDS,
     AdaptiveKLCoefficient,
     analytic_kl,
@@ -29,8 +29,8 @@ from sb3_ppo_scale.core.kl import (
     mean_rollout_kl,
     rollout_distribution_params,
 )
-from sb3_ppo_scale.core.objectives import LossSettings, kl_penalty
-from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.update.objectives import LossSettings, kl_penalty
+from sb3_ppo_scale.core.update.sampling import MinibatchLoader
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, assert_identical, assert_params_close
 
 SMALL = dict(n_steps=128, batch_size=32, n_epochs=3, seed=0, device="cpu")

@@ -1,4 +1,4 @@
-"""The lean collection loop writes SB3's rollout bit for bit (sb3_ppo_scale.core.lean_collect / core.inference).
+"""The lean collection loop writes SB3's rollout bit for bit (sb3_ppo_scale.core.collect.lean / core.policy.inference).
 
 Each case builds two identical PPO models (same seed, same env construction) and collects one rollout with SB3's
 ``OnPolicyAlgorithm.collect_rollouts`` on one and with ``collect_rollouts_lean`` on the other, from the same torch
@@ -30,9 +30,9 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.core import algorithm
-from sb3_ppo_scale.core.inference import FusedActorCritic, fusion_blocker
-from sb3_ppo_scale.core.inference_graph import InferenceGraphs
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, to_host
+from sb3_ppo_scale.core.policy.inference import FusedActorCritic, fusion_blocker
+from sb3_ppo_scale.core.collect.graphed_step import InferenceGraphs
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean, to_host
 from tests.helpers import LocalsRecorder, assert_identical, assert_same_state, seeded_dict_env, train_one
 
 N_STEPS = 40
@@ -232,7 +232,7 @@ def test_observation_tensor_is_obs_as_tensor(obs: np.ndarray) -> None:
     """On the CPU, torch.from_numpy: the same values, dtype and shared memory as obs_as_tensor's torch.as_tensor."""
     from stable_baselines3.common.utils import obs_as_tensor
 
-    from sb3_ppo_scale.core.lean_collect import observation_tensor
+    from sb3_ppo_scale.core.collect.lean import observation_tensor
 
     ours, reference = observation_tensor(obs, th.device("cpu")), obs_as_tensor(obs, th.device("cpu"))
     assert ours.dtype == reference.dtype and th.equal(ours, reference)

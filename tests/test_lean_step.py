@@ -1,4 +1,4 @@
-"""SB3's VecEnvs stepped by sb3_ppo_scale.core.lean_step equal ``env.step``: every returned array (values, dtypes),
+"""SB3's VecEnvs stepped by sb3_ppo_scale.core.collect.vec_step equal ``env.step``: every returned array (values, dtypes),
 every info, and the wrappers' state afterwards, through terminations, truncations and resets. Two identical stacks
 (same seeds) take the same random actions, one through ``env.step``, one through ``vec_env_step(env)``."""
 
@@ -13,7 +13,7 @@ import pytest
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecMonitor, VecNormalize
 
-from sb3_ppo_scale.core.lean_step import (
+from sb3_ppo_scale.core.collect.vec_step import (
     batch_moments,
     batch_moments_are_numpys,
     copy_infos,
@@ -192,7 +192,7 @@ def _assert_same_bits(ours: Any, reference: Any) -> None:
     (np.array([-3.0, 5.0]), None, 4.0),  # one bound: np.clip itself
 ])
 def test_clip_is_np_clip(values: np.ndarray, low: Any, high: Any) -> None:
-    from sb3_ppo_scale.core.lean_step import clip
+    from sb3_ppo_scale.core.collect.vec_step import clip
 
     _assert_same_bits(clip(values, low, high), np.clip(values, low, high))
 

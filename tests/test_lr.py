@@ -6,7 +6,7 @@ import pytest
 import torch as th
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core.lr import KLAdaptiveLR
+from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 from tests.helpers import ACCUMULATION_ATOL, HistoryLogger, max_param_diff
 
 SMALL = dict(n_steps=128, batch_size=32, n_epochs=3, device="cpu", seed=0)
@@ -95,7 +95,7 @@ def test_graph_key_does_not_see_the_rate_a_cuda_graph_reads_from_its_tensor() ->
     """The CPU half of cuda_graphs' no-recapture property (the CUDA half: tests/test_cuda.py): while graphs run, each
     param group's rate lives in one persistent 0-d tensor, so the optimizer settings the graph key compares stay the
     same when the KL rule moves the rate, and the tensor carries the new value. A float rate would change the key."""
-    from sb3_ppo_scale.core.graphs import _group_hyperparameters, _learning_rates_as_tensors
+    from sb3_ppo_scale.core.update.graphs import _group_hyperparameters, _learning_rates_as_tensors
 
     optimizer = th.optim.Adam([th.nn.Parameter(th.zeros(3))], lr=1e-3)
     persistent: dict[int, th.Tensor] = {}

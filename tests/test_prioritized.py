@@ -14,7 +14,7 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppo_scale import PrioritizedRolloutBuffer, ScalablePPO
 from sb3_ppo_scale.buffers.prioritized import PRIORITIES, PrioritySampler, RetainedPool, n_to_evict, top_k_indices
-from sb3_ppo_scale.core.rollout import DeviceRollout
+from sb3_ppo_scale.core.update.rollout import DeviceRollout
 from tests.helpers import ACCUMULATION_ATOL, assert_identical, assert_params_close
 
 Z_999 = 3.2905  # two-sided 99.9% normal quantile

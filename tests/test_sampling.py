@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch as th
 
-from sb3_ppo_scale.core.rollout import DeviceRollout
-from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.update.rollout import DeviceRollout
+from sb3_ppo_scale.core.update.sampling import MinibatchLoader
 
 
 def rollout(n: int) -> DeviceRollout:

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch as th
+from gymnasium.envs.classic_control import PendulumEnv
+import gymnasium
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale import ScalablePPO, ScalableRecurrentPPO
 from sb3_ppo_scale.checkpoint import ResumableCheckpoint, learn_resumable, load_checkpoint, resume_notes
@@ -28,8 +32,23 @@ from sb3_ppo_scale.checkpoint import ResumableCheckpoint, learn_resumable, load_
 SAVED = Path(__file__).parent / "data" / "saved_before_core_move"
 
 
+#: gymnasium's own TimeLimit, also after rl_zoo3 replaced every public name of it with its subclass
+TimeLimit = next(cls for cls in gymnasium.wrappers.TimeLimit.__mro__
+                 if cls.__name__ == "TimeLimit" and cls.__module__ == "gymnasium.wrappers.common")
+
+
+def _pendulum() -> gymnasium.Env:
+    """``gym.make("Pendulum-v1")``'s layers, built by hand: importing rl_zoo3 (other tests do) swaps the registry's
+    TimeLimit for its own, and the checkpoint's episodes resume only on the layers they were captured from."""
+    return TimeLimit(OrderEnforcing(PassiveEnvChecker(PendulumEnv())), max_episode_steps=200)
+
+
+def _env() -> VecEnv:
+    return make_vec_env(_pendulum, n_envs=2, seed=0)
+
+
 def _make() -> ScalablePPO:
-    return ScalablePPO("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=0), n_steps=32, batch_size=32,
+    return ScalablePPO("MlpPolicy", _env(), n_steps=32, batch_size=32,
                        n_epochs=2, learning_rate="kl_adaptive", objective="kl_penalty", seed=0, device="cpu",
                        policy_kwargs={"net_arch": [8]})
 
@@ -48,7 +67,7 @@ def test_a_model_saved_before_the_move_loads_with_its_adapted_learning_rate() ->
 
 
 def test_a_checkpoint_written_before_the_move_resumes_bit_identical(tmp_path: Path) -> None:
-    resumed = load_checkpoint(SAVED / "checkpoint.pt", make_vec_env("Pendulum-v1", n_envs=2, seed=0), device="cpu")
+    resumed = load_checkpoint(SAVED / "checkpoint.pt", _env(), device="cpu")
     assert resumed.num_timesteps == 128 and resume_notes(resumed) == []  # episodes continue: exact
     learn_resumable(resumed, None, ResumableCheckpoint(tmp_path / "checkpoint.pt", signals=()))
     uninterrupted = _make()

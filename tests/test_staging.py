@@ -21,8 +21,8 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv, IdentityEnvMultiBinary, IdentityEnvMultiDiscrete, SimpleMultiObsEnv
 
-from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutStager
-from sb3_ppo_scale.core.sampling import MinibatchLoader
+from sb3_ppo_scale.core.update.rollout import DeviceRollout, RolloutStager
+from sb3_ppo_scale.core.update.sampling import MinibatchLoader
 
 N_STEPS, N_ENVS = 7, 3
 BATCH = 8  # 21 samples: minibatches of 8, 8 and a short 5 (on purpose: SB3's warning about it is silenced)

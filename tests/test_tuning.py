@@ -585,7 +585,7 @@ def test_a_diverged_trial_is_recorded_and_reported_and_the_study_goes_on(tmp_pat
     worker goes on, `tune` says how many diverged, and the report counts them and lists their parameters."""
     import logging
 
-    from sb3_ppo_scale.core.guard import NonFiniteError
+    from sb3_ppo_scale.core.update.guard import NonFiniteError
     from sb3_ppo_scale.tuning import objective
     from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 

@@ -11,17 +11,17 @@ import torch as th
 from torch.distributions import Distribution
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core.graphs import (
+from sb3_ppo_scale.core.update.graphs import (
     CudaGraphStep,
     GraphCache,
     _adopt_step_counters,
     _make_capturable,
     _restore_non_capturable,
 )
-from sb3_ppo_scale.core.guard import NonFiniteGuard
-from sb3_ppo_scale.core.objectives import AdvantageNormalizer
-from sb3_ppo_scale.core.sampling import MinibatchLoader
-from sb3_ppo_scale.core.step import StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.core.update.guard import NonFiniteGuard
+from sb3_ppo_scale.core.update.objectives import AdvantageNormalizer
+from sb3_ppo_scale.core.update.sampling import MinibatchLoader
+from sb3_ppo_scale.core.update.step import StepSettings, UpdateStep, distribution_validation
 
 
 def _model_with_rollout(**kwargs) -> ScalablePPO:
@@ -181,7 +181,7 @@ def test_graph_key_changes_exactly_when_something_baked_in_changes() -> None:
 
 def test_cpu_adam_takes_its_multi_tensor_step_during_train_only(monkeypatch) -> None:
     """train() steps a CPU Adam with foreach=True (same numbers: tests/test_parity.py) and gives foreach=None back."""
-    from sb3_ppo_scale.core import step as step_module
+    from sb3_ppo_scale.core.update import step as step_module
 
     model = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1, seed=0, device="cpu")
     seen = []
@@ -201,7 +201,7 @@ def test_logged_means_are_sb3s_numpy_means() -> None:
     """``TrainStats.summary`` logs what SB3's ``train()`` logs from the same per-minibatch statistics: ``np.mean``
     over the ``.item()`` values (np.float64) and, for ``approx_kl``, over the last epoch's float32 arrays (np.float32,
     summed in float32: a float64 mean of the same values differs in the last digits for about a third of these)."""
-    from sb3_ppo_scale.core.objectives import KL_INDEX, LOSS_INDEX, STAT_NAMES, TrainStats
+    from sb3_ppo_scale.core.update.objectives import KL_INDEX, LOSS_INDEX, STAT_NAMES, TrainStats
 
     rng = np.random.default_rng(0)
     for _ in range(20):

@@ -1,6 +1,6 @@
 """The exact paths step aside when the installed upstream code is not the code they were verified against.
 
-sb3_ppo_scale/core/upstream.py fingerprints every SB3, sb3-contrib and torch function a lean path reproduces. Here:
+sb3_ppo_scale/core/exact/upstream.py fingerprints every SB3, sb3-contrib and torch function a lean path reproduces. Here:
 the record holds the installed (pinned) versions' code; the fingerprint ignores what does not change a function's
 computation and sees what does; and a changed upstream function (written to a module file, as an upgrade would
 ship it, and put in the upstream function's place) makes the lean collection loop, the fused policy step, the lean
@@ -28,19 +28,20 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.core import algorithm, upstream_verified
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
-from sb3_ppo_scale.core.lean_step import vec_env_step
-from sb3_ppo_scale.core.upstream import changed_upstream, fingerprint, name_of
-from sb3_ppo_scale.core.upstream_record import everything_reproduced
+from sb3_ppo_scale.core import algorithm
+from sb3_ppo_scale.core.exact import upstream_verified
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean
+from sb3_ppo_scale.core.collect.vec_step import vec_env_step
+from sb3_ppo_scale.core.exact.upstream import changed_upstream, fingerprint, name_of
+from sb3_ppo_scale.core.exact.upstream_record import everything_reproduced
 from tests.helpers import assert_identical, train_one
 
 
 def test_the_installed_upstream_code_is_recorded() -> None:
     missing = [name_of(function) for function in everything_reproduced()
                if fingerprint(function) not in upstream_verified.FINGERPRINTS.get(name_of(function), ())]
-    assert not missing, ("installed upstream code not in sb3_ppo_scale/core/upstream_verified.py; after the parity "
-                         f"tests pass on it, run `python -m sb3_ppo_scale.core.upstream_record`: {missing}")
+    assert not missing, ("installed upstream code not in sb3_ppo_scale/core/exact/upstream_verified.py; after the parity "
+                         f"tests pass on it, run `python -m sb3_ppo_scale.core.exact.upstream_record`: {missing}")
 
 
 def _function_from_source(tmp_path: Path, source: str, name: str) -> Any:

@@ -168,7 +168,7 @@ def test_schedules_parse() -> None:
 
 
 def test_kl_adaptive_learning_rate_parses() -> None:
-    from sb3_ppo_scale.core.lr import KLAdaptiveLR
+    from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 
     default, started, mapped = (zoo.parse_schedule(v) for v in (
         "kl_adaptive", "kl_adaptive_1e-3", {"kl_adaptive": {"initial": 2e-3, "target_kl": 0.02, "max_lr": 5e-3}}))

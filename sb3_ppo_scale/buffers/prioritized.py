@@ -58,8 +58,8 @@ from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
 from stable_baselines3.common.buffers import RolloutBuffer
 
 from sb3_ppo_scale.core.checks import is_int, is_number
-from sb3_ppo_scale.core.rollout import DeviceRollout
-from sb3_ppo_scale.core.sampling import uniform_order
+from sb3_ppo_scale.core.update.rollout import DeviceRollout
+from sb3_ppo_scale.core.update.sampling import uniform_order
 
 #: Allowed values of ``priority``.
 PRIORITIES = ("reward", "return", "advantage", "abs_advantage")

@@ -1,7 +1,7 @@
 """ScalableMaskablePPO: sb3-contrib's ``MaskablePPO`` with the scale layer.
 
 Identical by default: policies, ``predict`` and save format are MaskablePPO's, and its rollouts are collected by the
-lean loop (:mod:`sb3_ppo_scale.core.lean_collect`: MaskablePPO's ``collect_rollouts`` with the fused, masked policy
+lean loop (:mod:`sb3_ppo_scale.core.collect.lean`: MaskablePPO's ``collect_rollouts`` with the fused, masked policy
 call; the same rollout bit for bit); ``train()`` is the shared update
 (:class:`~sb3_ppo_scale.core.algorithm.ScalableOnPolicyMixin`) performing MaskablePPO's operations in its order. What masking adds to that update is supplied here:
 
@@ -34,9 +34,9 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from sb3_ppo_scale.contrib.masks import check_action_masks, masks_checked_at_policy_call, read_action_masks
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluation, evaluate_with_distribution
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean
-from sb3_ppo_scale.core.rollout import DeviceRollout, SampleTypes, flat_field
+from sb3_ppo_scale.core.policy.evaluation import Evaluation, evaluate_with_distribution
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean
+from sb3_ppo_scale.core.update.rollout import DeviceRollout, SampleTypes, flat_field
 
 #: what a masked rollout's gather returns: SB3's six fields, then ``action_masks``
 MASKABLE_SAMPLES = SampleTypes(MaskableRolloutBufferSamples, MaskableDictRolloutBufferSamples)

@@ -32,12 +32,12 @@ from sb3_ppo_scale.contrib.lstm import every_step_sequence, per_step_sequence
 from sb3_ppo_scale.contrib.recurrent_collect import collect_rollouts_recurrent_lean, recurrent_lean_blocker
 from sb3_ppo_scale.contrib.sequences import STATE_FIELDS, ChunkLoader, SequenceLoader, sequence_starts
 from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
-from sb3_ppo_scale.core.collect import resolve_collect_device
+from sb3_ppo_scale.core.collect.device import resolve_collect_device
 from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluation, Evaluator
-from sb3_ppo_scale.core.rollout import DeviceRollout, flat_field
-from sb3_ppo_scale.core.sampling import Loader
+from sb3_ppo_scale.core.policy.evaluation import Evaluation, Evaluator
+from sb3_ppo_scale.core.update.rollout import DeviceRollout, flat_field
+from sb3_ppo_scale.core.update.sampling import Loader
 
 
 def batched_sequence(features: th.Tensor, lstm_states: tuple[th.Tensor, th.Tensor], episode_starts: th.Tensor,

@@ -2,7 +2,7 @@
 policy call fused.
 
 The loop below is RecurrentPPO's (same statements, same order, same random draws, the same ``locals`` for
-callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3's, none of which moves a number:
+callbacks), with the changes :mod:`sb3_ppo_scale.core.collect.lean` makes to SB3's, none of which moves a number:
 
 - the policy call is :class:`FusedRecurrentActorCritic`: ``RecurrentActorCriticPolicy.forward``'s operations without
   module dispatch or Distribution objects. Each ``nn.LSTM`` runs through the same ``torch._VF.lstm`` kernel its
@@ -10,9 +10,9 @@ callbacks), with the changes :mod:`sb3_ppo_scale.core.lean_collect` makes to SB3
   the states as they are; otherwise each state multiplied by ``1 - episode_start``) are kept, the branch chosen from
   the episode starts the loop already holds as a numpy array (:class:`~sb3_ppo_scale.contrib.lstm.LstmStep`);
 - the time-limit bootstrap visits only the envs whose episode ended;
-- SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.lean_step.vec_env_step`.
+- SB3's ``DummyVecEnv`` and ``VecNormalize`` are stepped by :func:`~sb3_ppo_scale.core.collect.vec_step.vec_env_step`.
 
-The loop is written out rather than shared with :func:`~sb3_ppo_scale.core.lean_collect.collect_rollouts_lean`,
+The loop is written out rather than shared with :func:`~sb3_ppo_scale.core.collect.lean.collect_rollouts_lean`,
 whose middle it repeats: callbacks read the loop's own ``locals()``, so the step cannot move into a helper.
 
 :func:`recurrent_lean_blocker` says when the policy cannot be fused exactly (a policy class overriding a replaced
@@ -36,9 +36,9 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.contrib.lstm import LstmStep
-from sb3_ppo_scale.core.inference import REPLACED_METHODS, FusedActorCritic, PolicyParts, direct, fusion_blocker
-from sb3_ppo_scale.core.lean_collect import has_nan, stop_as_sb3_would, to_host, warn_if_parts_replaced
-from sb3_ppo_scale.core.lean_step import vec_env_step
+from sb3_ppo_scale.core.policy.inference import REPLACED_METHODS, FusedActorCritic, PolicyParts, direct, fusion_blocker
+from sb3_ppo_scale.core.collect.lean import has_nan, stop_as_sb3_would, to_host, warn_if_parts_replaced
+from sb3_ppo_scale.core.collect.vec_step import vec_env_step
 
 
 def recurrent_lean_blocker(policy: th.nn.Module, also_replaced: tuple[str, ...] = ()) -> str | None:

@@ -40,8 +40,8 @@ from sb3_contrib.common.recurrent.type_aliases import (
     RNNStates,
 )
 
-from sb3_ppo_scale.core.rollout import DeviceRollout
-from sb3_ppo_scale.core.sampling import LogicalBatch, MicroBatch
+from sb3_ppo_scale.core.update.rollout import DeviceRollout
+from sb3_ppo_scale.core.update.sampling import LogicalBatch, MicroBatch
 
 #: the rollout extras a recurrent rollout carries (see ScalableRecurrentPPO._rollout_extras)
 STATE_FIELDS = ("hidden_states_pi", "cell_states_pi", "hidden_states_vf", "cell_states_vf")
@@ -206,7 +206,7 @@ class SequenceLoader:
 @dataclass
 class ChunkBatch(LogicalBatch):
     """A logical minibatch of whole chunks of ``chunk`` consecutive steps of one env (``sequence_length``): a
-    :class:`~sb3_ppo_scale.core.sampling.LogicalBatch` whose ``indices`` (on the rollout's device) list the chunks'
+    :class:`~sb3_ppo_scale.core.update.sampling.LogicalBatch` whose ``indices`` (on the rollout's device) list the chunks'
     rows chunk after chunk, cut into micro-batches of whole chunks. No padding, and nothing read from the host, so
     that a CUDA graph can capture its update (``cuda_graphs=True``) and replay it with other ``indices`` of the same
     shape.

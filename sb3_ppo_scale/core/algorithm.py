@@ -8,11 +8,11 @@ collection hooks. The mixin replaces the algorithm's ``train()`` and runs the al
 format. What differs between algorithms is supplied by overriding a few hooks (section "algorithm hooks" below):
 
 - :meth:`~ScalableOnPolicyMixin._rollout_extras`: per-sample fields beyond PPO's six (action masks; LSTM states and
-  episode starts), staged into :class:`~sb3_ppo_scale.core.rollout.DeviceRollout.extras`;
+  episode starts), staged into :class:`~sb3_ppo_scale.core.update.rollout.DeviceRollout.extras`;
 - :meth:`~ScalableOnPolicyMixin._make_loader`: how a rollout is cut into logical minibatches (samples, or whole
   sequences) that split into micro-batches;
 - :attr:`~ScalableOnPolicyMixin._evaluator`: how the policy evaluates a micro-batch
-  (:mod:`sb3_ppo_scale.core.evaluation`);
+  (:mod:`sb3_ppo_scale.core.policy.evaluation`);
 - :meth:`~ScalableOnPolicyMixin._check_supported`: a clear error for an added argument the algorithm cannot honour.
 
 The mixin must come first in the bases (``class X(ScalableOnPolicyMixin, SomeOnPolicyPPO)``); the algorithm's
@@ -32,8 +32,6 @@ from gymnasium import spaces
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import explained_variance
 
-from sb3_ppo_scale import distributed as data_parallel
-from sb3_ppo_scale.checkpoint import load_checkpoint
 from sb3_ppo_scale.core.checks import (
     check_batching,
     check_learn_arguments,
@@ -43,23 +41,23 @@ from sb3_ppo_scale.core.checks import (
     check_scheduled_value,
     plain_number,
 )
-from sb3_ppo_scale.core.collect import CollectionPolicy, collecting_on, resolve_collect_device
-from sb3_ppo_scale.core.compiled import compiled_ppo_loss
+from sb3_ppo_scale.core.collect.device import CollectionPolicy, collecting_on, resolve_collect_device
+from sb3_ppo_scale.core.update.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.config import ScaleConfig
-from sb3_ppo_scale.core.evaluation import Evaluator, FusedEvaluator, evaluate_actions
-from sb3_ppo_scale.core.graphs import CudaGraphStep, GraphCache
-from sb3_ppo_scale.core.guard import NonFiniteGuard
-from sb3_ppo_scale.core.inference import PolicyParts
-from sb3_ppo_scale.core.inference_graph import InferenceGraphs
-from sb3_ppo_scale.core.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
-from sb3_ppo_scale.core.lean_collect import collect_rollouts_lean, lean_blocker
-from sb3_ppo_scale.core.lr import KLAdaptiveLR, resolve_learning_rate
-from sb3_ppo_scale.core.objectives import LossSettings, Objective, TrainStats, ppo_loss
-from sb3_ppo_scale.core.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
-from sb3_ppo_scale.core.sampling import BufferLoader, Loader, MicroBatch, MinibatchLoader
-from sb3_ppo_scale.core.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
-from sb3_ppo_scale.core.upstream import changed_upstream, collection_loop, update
-from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_blocker
+from sb3_ppo_scale.core.extensions import EXTENSIONS, load_checkpoint
+from sb3_ppo_scale.core.policy.evaluation import Evaluator, FusedEvaluator, evaluate_actions
+from sb3_ppo_scale.core.update.graphs import CudaGraphStep, GraphCache
+from sb3_ppo_scale.core.update.guard import NonFiniteGuard
+from sb3_ppo_scale.core.policy.inference import PolicyParts
+from sb3_ppo_scale.core.collect.graphed_step import InferenceGraphs
+from sb3_ppo_scale.core.update.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean, lean_blocker
+from sb3_ppo_scale.core.update.lr import KLAdaptiveLR, resolve_learning_rate
+from sb3_ppo_scale.core.update.objectives import LossSettings, Objective, TrainStats, ppo_loss
+from sb3_ppo_scale.core.update.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
+from sb3_ppo_scale.core.update.sampling import BufferLoader, Loader, MicroBatch, MinibatchLoader
+from sb3_ppo_scale.core.update.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop, update
 
 
 def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
@@ -85,8 +83,8 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
     :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model;
         ``load(..., kl_coef=b)`` with another value starts beta at ``b`` again.
     :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
-        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.kl.AdaptiveKLCoefficient`); None keeps
-        beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.kl.KL_COEF_BOUNDS`.
+        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.update.kl.AdaptiveKLCoefficient`); None keeps
+        beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.update.kl.KL_COEF_BOUNDS`.
     :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
     :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
         (default 1.5), >= 1.
@@ -95,25 +93,25 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
         while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
         and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
-        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.graphs`. Collection's per-step policy call is then
+        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.update.graphs`. Collection's per-step policy call is then
         replayed from a CUDA graph too (same kernels and random draws; see
-        :mod:`sb3_ppo_scale.core.inference_graph`).
+        :mod:`sb3_ppo_scale.core.collect.graphed_step`).
 
     :param learning_rate: as SB3's (a number or a schedule), or ``"kl_adaptive"`` / a
-        :class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
+        :class:`~sb3_ppo_scale.core.update.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
         when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
         below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
     :param collect_device: where collection runs the policy for each env step (default "auto": the policy's device,
         as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
-        a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect`).
+        a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect.device`).
         Saved with the model.
     :param overlap_collection: on an EnvPool VecEnv, step one half of the envs while the policy runs on the other
         (default False; see :mod:`sb3_ppo_scale.envs.overlap`: same data distribution as SB3's loop, other random
         draws). Ignored for envs it does not support.
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
         optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
-        :data:`~sb3_ppo_scale.core.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
-        :mod:`sb3_ppo_scale.core.guard`.
+        :data:`~sb3_ppo_scale.core.update.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
+        :mod:`sb3_ppo_scale.core.update.guard`.
 
     ``batch_size`` may be anything from 1 (2 with advantage normalisation); one above the whole rollout
     (``n_steps * n_envs``) trains on the whole rollout as one minibatch, as SB3's PPO does (which warns).
@@ -175,7 +173,7 @@ class ScalableOnPolicyMixin:
     def _setup_model(self) -> None:
         """The algorithm's set-up plus the scale layer's derived state; the one place the added arguments are validated
         (it runs at construction and in ``load(..., **kwargs)``)."""
-        self.device = data_parallel.rank_device(self.device)  # cuda:LOCAL_RANK under torchrun
+        self.device = EXTENSIONS.data_parallel.rank_device(self.device)  # cuda:LOCAL_RANK under torchrun
         self._config = ScaleConfig.of(self)
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         self._check_supported(self._config)
@@ -258,7 +256,7 @@ class ScalableOnPolicyMixin:
         return super().learn(*args, **kwargs)  # type: ignore[misc]
 
     def _setup_learn(self, *args: Any, **kwargs: Any) -> Any:
-        self._reducer = data_parallel.attach(self)  # LOCAL unless data-parallel (see sb3_ppo_scale.distributed)
+        self._reducer = EXTENSIONS.data_parallel.attach(self)  # LOCAL unless data-parallel (sb3_ppo_scale.distributed)
         # checked here, not at load: a model may be loaded with fewer envs, or on another machine, for evaluation
         self._config.check_runtime(self, self._buffer_device)
         if self.rollout_buffer is None:
@@ -314,7 +312,9 @@ class ScalableOnPolicyMixin:
         ranks then agree on the global ``num_timesteps`` and on whether to go on."""
         start = self.num_timesteps
         collected = self._collect_on_device(env, callback, rollout_buffer, n_rollout_steps)
-        return collected if self._reducer.world_size == 1 else data_parallel.after_rollout(self, start, collected)
+        if self._reducer.world_size == 1:
+            return collected
+        return EXTENSIONS.data_parallel.after_rollout(self, start, collected)
 
     def _collect_on_device(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
         if self._collect_device == self.device:
@@ -325,13 +325,15 @@ class ScalableOnPolicyMixin:
             return self._collect(env, callback, rollout_buffer, n_rollout_steps)
 
     def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
-        """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.lean_collect`), the double-buffered EnvPool
+        """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.collect.lean`), the double-buffered EnvPool
         one with ``overlap_collection``, or the algorithm's own where the lean loop cannot promise its numbers."""
-        if self.overlap_collection:
-            blocker = overlap_blocker(self, env)
+        for switch, collector in EXTENSIONS.collectors.items():  # overlap_collection: sb3_ppo_scale.envs.overlap
+            if not getattr(self, switch, False):
+                continue
+            blocker = collector.blocker(self, env)
             if blocker is None:
-                return collect_rollouts_overlapped(self, env, callback, rollout_buffer, n_rollout_steps)
-            warnings.warn(f"overlap_collection=True: collecting without overlap, because {blocker}", stacklevel=3)
+                return collector.collect(self, env, callback, rollout_buffer, n_rollout_steps)
+            warnings.warn(f"{switch}=True: collecting without {collector.name}, because {blocker}", stacklevel=3)
         if self._collects_lean():
             return self._collect_lean(env, callback, rollout_buffer, n_rollout_steps)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
@@ -428,7 +430,7 @@ class ScalableOnPolicyMixin:
         settings = self._loss_settings()
         with distribution_validation(False):
             rollout = self._prepare_rollout(settings)
-            batch_size = data_parallel.local_batch_size(self, len(rollout))  # batch_size / world_size per rank
+            batch_size = EXTENSIONS.data_parallel.local_batch_size(self, len(rollout))  # batch_size / world_size
             loader = self._make_loader(rollout, batch_size)
             step = self._update_step(settings, n_full_batches=len(rollout) // self.batch_size * self.n_epochs)
             try:
@@ -506,7 +508,7 @@ class ScalableOnPolicyMixin:
         only the learning rate adapts, which needs no rollout distribution)."""
         estimator = settings.kl_estimator if settings.penalises_kl else K3
         kl = mean_rollout_kl(self.policy, self._rollout_chunks(rollout), self._evaluator, len(rollout), estimator)
-        return data_parallel.global_mean_kl(self, kl, len(rollout))  # all ranks adapt on the same KL
+        return EXTENSIONS.data_parallel.global_mean_kl(self, kl, len(rollout))  # all ranks adapt on the same KL
 
     def _record(self, stats: TrainStats, settings: LossSettings, measured_kl: th.Tensor | None) -> None:
         """Log every key PPO logs, with the same meaning, after a single device-to-host sync; then adapt beta."""

@@ -86,7 +86,7 @@ def _positive_at_start(schedule: object) -> bool:
 #: learning (``n_epochs=0`` never updates, ``max_grad_norm=-1`` turns every step into gradient ascent, a negative
 #: ``target_kl`` stops every epoch at its first minibatch, ``clip_range <= 0`` clips every ratio to at most 1):
 #: name -> (what is allowed, the test). ``clip_range_vf``'s sign SB3 checks itself, ``learning_rate``
-#: :func:`~sb3_ppo_scale.core.lr.resolve_learning_rate`.
+#: :func:`~sb3_ppo_scale.core.update.lr.resolve_learning_rate`.
 PPO_ARGUMENTS = {
     "n_steps": ("an int >= 1", lambda v: is_int(v) and v >= 1),
     "n_epochs": ("an int >= 1", lambda v: is_int(v) and v >= 1),

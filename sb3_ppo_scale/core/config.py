@@ -25,8 +25,8 @@ from sb3_ppo_scale.core.checks import (
     is_number,
     resolve_buffer_device,
 )
-from sb3_ppo_scale.core.kl import KL_COEF_BOUNDS, AdaptiveKLCoefficient, KLCoefficient
-from sb3_ppo_scale.core.objectives import OBJECTIVES, Objective, make_objective
+from sb3_ppo_scale.core.update.kl import KL_COEF_BOUNDS, AdaptiveKLCoefficient, KLCoefficient
+from sb3_ppo_scale.core.update.objectives import OBJECTIVES, Objective, make_objective
 
 #: what ``nonfinite`` may be: skip a non-finite optimizer step (and count it), or raise at once
 NONFINITE_MODES = ("skip", "raise")

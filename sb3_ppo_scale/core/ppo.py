@@ -16,7 +16,7 @@ class ScalablePPO(ScalableOnPolicyMixin, PPO):
 
     Takes every argument of :class:`stable_baselines3.PPO` (same names, positions and defaults) and trains
     identically with the defaults below; rollouts are collected by a leaner loop that writes the same rollout
-    (:mod:`sb3_ppo_scale.core.lean_collect`). The additions:
+    (:mod:`sb3_ppo_scale.core.collect.lean`). The additions:
     """
 
 

@@ -43,7 +43,8 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from sb3_ppo_scale.core.lean_collect import bootstrap_time_limits
+from sb3_ppo_scale.core.collect.lean import bootstrap_time_limits
+from sb3_ppo_scale.core.extensions import Collector
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv
 
 
@@ -202,3 +203,7 @@ def collect_rollouts_overlapped(  # noqa: C901 - one pipeline, kept in one place
     callback.update_locals(locals())
     callback.on_rollout_end()
     return True
+
+
+#: The ``overlap_collection=True`` loop, installed into the core by ``sb3_ppo_scale/__init__.py``.
+OVERLAPPED = Collector("overlap", overlap_blocker, collect_rollouts_overlapped)

@@ -1,5 +1,8 @@
 """Learning benchmark: ScalablePPO's config variants against SB3 PPO, the same config on both sides.
 
+Kept as one module (over 600 lines) until its report is rebuilt on rliable (the learning-at-scale issue): the
+run protocol, its labels and the statistics that read its run files share one set of constants and labels.
+
 Protocol (docs/benchmarks.md states it in full):
 
 - A run is labelled ``<algo>[@<variant>]``: ``algo`` is ``sb3_ppo`` (SB3's ``PPO``) or ``scalable_ppo``
@@ -46,7 +49,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from sb3_ppo_scale.core.lr import KLAdaptiveLR
+from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments.stats import bootstrap_ci
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, Algorithm
 from sb3_ppo_scale.experiments.pipeline import path_part, seed_argument

@@ -37,7 +37,7 @@ from sb3_ppo_scale.experiments.algorithms import evaluate_policy  # sb3-contrib'
 #: Seed offset of evaluation envs: different episodes from training, the same for every run with that seed.
 EVAL_SEED_OFFSET = 10_000
 
-#: torch intra-op threads the CLI uses unless ``--threads`` says otherwise. Measured by benchmarks/threads.py
+#: torch intra-op threads the CLI uses unless ``--threads`` says otherwise. Measured by benchmarks/studies/threads.py
 #: (results in benchmarks/results/threads.md): for the zoo's small MLPs one thread beats torch's default.
 DEFAULT_THREADS = 1
 

@@ -31,7 +31,7 @@ import optuna
 import yaml
 
 from sb3_ppo_scale.contrib.recurrent import ScalableRecurrentPPO
-from sb3_ppo_scale.core.lr import KLAdaptiveLR
+from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.algorithms import algorithm

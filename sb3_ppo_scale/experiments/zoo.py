@@ -31,7 +31,7 @@ from stable_baselines3.common.vec_env import (
     DummyVecEnv, SubprocVecEnv, VecEnv, VecFrameStack, VecNormalize, VecTransposeImage,
 )
 
-from sb3_ppo_scale.core.lr import KL_ADAPTIVE, KLAdaptiveLR
+from sb3_ppo_scale.core.update.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.envs.episodes import EpisodeState
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, importable_env_id, register_envs
@@ -130,7 +130,7 @@ def parse_literal(text: str) -> Any:
 # ------------------------------------------------------------------------------------------- schedules
 def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSchedule | KLAdaptiveLR:
     """A number (constant) or ``"lin_<x>"`` (linear decay from x to 0); for ``learning_rate`` also the KL-adaptive
-    rate (:class:`~sb3_ppo_scale.core.lr.KLAdaptiveLR`): ``"kl_adaptive"`` (its defaults), ``"kl_adaptive_<x>"``
+    rate (:class:`~sb3_ppo_scale.core.update.lr.KLAdaptiveLR`): ``"kl_adaptive"`` (its defaults), ``"kl_adaptive_<x>"``
     (starting at x) or a mapping ``{kl_adaptive: {initial: x, target_kl: ..., factor: ..., min_lr: ..., max_lr:
     ...}}``. Anything else raises ``ValueError``."""
     if key == "learning_rate" and (value == KL_ADAPTIVE or isinstance(value, dict)

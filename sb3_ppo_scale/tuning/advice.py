@@ -1,4 +1,5 @@
-"""The documented advice, checked where a study can check it: one line per claim saying what was measured.
+"""The documented sensitivity table (seed digest, post 001: :data:`DOCUMENTED`, printed beside our measurement) and
+its advice, checked where a study can check it: one line per claim saying what was measured.
 
 - "small epsilon for continuous control": Spearman correlation of ``clip_range`` with the objective (sampled trials
   of a study whose env has a continuous action space); the advice holds where it is negative at p < :data:`ALPHA`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +25,31 @@ from optuna.trial import FrozenTrial
 
 from sb3_ppo_scale.tuning.importance import TOP_FRACTION
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, NoiseEstimate
+
+@dataclass(frozen=True)
+class DocumentedRow:
+    """One row of the documented table: the ScalablePPO argument it is about and what the post claims."""
+
+    argument: str
+    label: str
+    range: str
+    stars: int
+    advice: str
+
+
+DOCUMENTED: tuple[DocumentedRow, ...] = (
+    DocumentedRow("clip_range", "clip epsilon", "0.1-0.3", 4, "small for continuous control, larger for sparse rewards"),
+    DocumentedRow("learning_rate", "learning rate", "1e-4 to 3e-4", 3, "use linear decay"),
+    DocumentedRow("gae_lambda", "GAE lambda", "0.9-0.99", 2, "lower for more stochastic environments"),
+    DocumentedRow("batch_size", "batch size", "64-4096", 2, "as large as GPU memory allows"),
+    DocumentedRow("n_epochs", "update epochs", "3-10", 2, "tune together with epsilon"),
+)
+
+
+def documented_row(argument: str) -> DocumentedRow | None:
+    """The documented row for a ScalablePPO argument, or None when the table does not list it."""
+    return next((row for row in DOCUMENTED if row.argument == argument), None)
+
 
 #: Significance level of the trend tests.
 ALPHA = 0.05

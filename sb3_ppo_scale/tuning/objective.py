@@ -4,7 +4,7 @@ them, return the objective.
 Dummy parameters (``type: dummy``) are sampled like the others and never reach training. The per-seed objectives
 are stored on the trial (``seed_values``; their spread is what the report shows per trial).
 
-A trial whose training diverges (non-finite updates stop it with :class:`~sb3_ppo_scale.core.guard.NonFiniteError`,
+A trial whose training diverges (non-finite updates stop it with :class:`~sb3_ppo_scale.core.update.guard.NonFiniteError`,
 an outcome of its hyperparameters, e.g. a learning rate too large) raises :class:`TrialDiverged`: Optuna records it
 as FAIL with :data:`DIVERGED_ATTR` saying why, the worker goes on with the next trial, and the report counts it and
 lists its parameters. Any other exception still stops the worker.
@@ -20,7 +20,7 @@ import optuna
 import torch as th
 
 from sb3_ppo_scale.core.checks import resolve_device
-from sb3_ppo_scale.core.guard import NonFiniteError
+from sb3_ppo_scale.core.update.guard import NonFiniteError
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.algorithms import algorithm

@@ -1,5 +1,8 @@
 """``report``: importance of every searched parameter per study, beside the documented table, as markdown and PNG.
 
+Kept as one module (just over 600 lines): it lays out one report file; the measurements it prints live in
+:mod:`~sb3_ppo_scale.tuning.importance`, :mod:`~sb3_ppo_scale.tuning.noise` and :mod:`~sb3_ppo_scale.tuning.advice`.
+
 Writes ``report.md`` (verdict table, the documented advice where measurable, per-study details with the noise
 floor, bootstrap stability and seed spread), ``importance.json``, ``importance.png``, ``slices_<label>.png`` (with
 seed error bars) and ``trials_<label>.csv`` (label: the env id, plus the study name where two studies share an env)
@@ -24,12 +27,11 @@ from typing import Any
 import optuna
 
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm
-from sb3_ppo_scale.tuning.documented import DOCUMENTED, documented_row
 from sb3_ppo_scale.tuning.importance import (
     EVALUATOR_TITLES, EVALUATORS, STARS_RULE, TOP_FRACTION, Stability, bootstrap, complete_trials, importances,
     split_half_agreement, stars, top_range,
 )
-from sb3_ppo_scale.tuning.advice import advice_lines
+from sb3_ppo_scale.tuning.advice import DOCUMENTED, advice_lines, documented_row
 from sb3_ppo_scale.tuning.noise import NoiseEstimate, is_decay_trial, is_noise_trial, learning_check, noise_estimate, seed_spread
 from sb3_ppo_scale.tuning.plots import importance_chart, slice_plot
 from sb3_ppo_scale.tuning.runner import (

@@ -55,7 +55,7 @@ import yaml
 from optuna.distributions import FloatDistribution, IntDistribution
 
 from sb3_ppo_scale.core.checks import check_net_arch, check_ppo_arguments
-from sb3_ppo_scale.core.lr import resolve_learning_rate
+from sb3_ppo_scale.core.update.lr import resolve_learning_rate
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS as ACTIVATION_CLASSES
 from sb3_ppo_scale.experiments.zoo import check_env_id, parse_model_kwargs
