@@ -56,7 +56,14 @@ from sb3_ppo_scale.core.update.lr import KLAdaptiveLR, resolve_learning_rate
 from sb3_ppo_scale.core.update.objectives import LossSettings, Objective, TrainStats, ppo_loss
 from sb3_ppo_scale.core.update.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
 from sb3_ppo_scale.core.update.sampling import BufferLoader, Loader, MicroBatch, MinibatchLoader
-from sb3_ppo_scale.core.update.step import LOCAL, Reducer, StepSettings, UpdateStep, distribution_validation
+from sb3_ppo_scale.core.update.step import (
+    LOCAL,
+    Reducer,
+    StepSettings,
+    UpdateStep,
+    distribution_validation,
+    torch_threads,
+)
 from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop, update
 
 
@@ -113,6 +120,11 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         :data:`~sb3_ppo_scale.core.update.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
         :mod:`sb3_ppo_scale.core.update.guard`.
 
+    :param update_threads: torch's CPU threads during ``train()`` (default None: torch's setting as it is, as PPO).
+        Collection keeps the process's setting: on a CPU box where the envs step on every core, one torch thread
+        for the per-step policy call and every core for the update is the fast split (``benchmarks/scale.py``).
+        The float sums of a multi-threaded update may round differently from a single-threaded one.
+
     ``batch_size`` may be anything from 1 (2 with advantage normalisation); one above the whole rollout
     (``n_steps * n_envs``) trains on the whole rollout as one minibatch, as SB3's PPO does (which warns).
 """
@@ -129,6 +141,7 @@ class ScalableOnPolicyMixin:
     nonfinite: str = "skip"
     collect_device: str = "auto"
     overlap_collection: bool = False
+    update_threads: int | None = None
 
     def __init__(
         self,
@@ -147,6 +160,7 @@ class ScalableOnPolicyMixin:
         nonfinite: str = "skip",
         collect_device: str | th.device = "auto",
         overlap_collection: bool = False,
+        update_threads: int | None = None,
         **kwargs: Any,
     ) -> None:
         try:
@@ -162,7 +176,8 @@ class ScalableOnPolicyMixin:
         self.__dict__.update(grad_accum_steps=grad_accum_steps, buffer_device=buffer_device, objective=objective,
                              kl_coef=kl_coef, kl_penalty_target=kl_penalty_target, kl_adapt_factor=kl_adapt_factor,
                              kl_adapt_tolerance=kl_adapt_tolerance, cuda_graphs=cuda_graphs, compile_loss=compile_loss,
-                             nonfinite=nonfinite, collect_device=collect_device, overlap_collection=overlap_collection)
+                             nonfinite=nonfinite, collect_device=collect_device, overlap_collection=overlap_collection,
+                             update_threads=update_threads)
         self._n_grad_steps = 0
         self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
@@ -428,7 +443,7 @@ class ScalableOnPolicyMixin:
         check_scheduled_value("learning_rate", self.policy.optimizer.param_groups[0]["lr"],
                               self._current_progress_remaining, finite=True)
         settings = self._loss_settings()
-        with distribution_validation(False):
+        with distribution_validation(False), torch_threads(self.update_threads):
             rollout = self._prepare_rollout(settings)
             batch_size = EXTENSIONS.data_parallel.local_batch_size(self, len(rollout))  # batch_size / world_size
             loader = self._make_loader(rollout, batch_size)

@@ -22,6 +22,7 @@ from sb3_ppo_scale.core.checks import (
     check_compile_loss,
     check_compile_toolchain,
     check_cuda_graphs,
+    is_int,
     is_number,
     resolve_buffer_device,
 )
@@ -48,6 +49,7 @@ class ScaleConfig:
     nonfinite: str = "skip"
     collect_device: str | th.device = "auto"
     overlap_collection: bool = False
+    update_threads: int | None = None
 
     @classmethod
     def of(cls, model: Any) -> "ScaleConfig":
@@ -63,6 +65,9 @@ class ScaleConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_compile_loss(self.compile_loss, self.cuda_graphs)
+        if self.update_threads is not None and (not is_int(self.update_threads) or self.update_threads < 1):
+            raise ValueError(f"update_threads must be None (torch's thread setting as it is) or an int >= 1, "
+                             f"got {self.update_threads!r}")
         if self.nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_MODES))}, got {self.nonfinite!r}")
         return resolve_buffer_device(self.buffer_device, policy_device)

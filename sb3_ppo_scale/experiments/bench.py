@@ -76,7 +76,8 @@ DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo@cpu"]
 #: the variant name that selects the task's plain entry (``scalable_ppo@plain``: ScalablePPO with the baseline's config)
 PLAIN_VARIANT = "plain"
 #: Scalable arguments that change how an update is computed, not what it computes: dropped for the baseline classes
-EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss", "batched_sequences")
+EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss", "batched_sequences",
+                       "update_threads")
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
 LATE_FRACTION = 0.2
 #: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step

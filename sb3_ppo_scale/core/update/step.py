@@ -54,6 +54,23 @@ def distribution_validation(enabled: bool) -> Iterator[None]:
         Distribution.set_default_validate_args(previous)
 
 
+@contextmanager
+def torch_threads(n_threads: int | None) -> Iterator[None]:
+    """Temporarily run torch's CPU ops on ``n_threads`` threads (None: leave torch's setting as it is).
+
+    ``update_threads``: collection steps a batch of envs with one small policy call per step, where extra torch
+    threads only contend with the env threads; the update's large minibatches use every core while the envs wait.
+    """
+    previous = th.get_num_threads()
+    if n_threads is not None and n_threads != previous:
+        th.set_num_threads(n_threads)
+    try:
+        yield
+    finally:
+        if th.get_num_threads() != previous:
+            th.set_num_threads(previous)
+
+
 @dataclass(frozen=True)
 class StepSettings:
     """What one optimizer step needs besides the loss.
