@@ -3,10 +3,14 @@ episode state checkpoints keep (:mod:`sb3_ppo_scale.envs.episodes`, :class:`Epis
 
 EnvPool is an optional dependency (``pip install sb3-ppo-scale[envpool]``, Linux x86-64): importing this package
 works without it, building an env raises ImportError naming the extra.
+
+:class:`ProcessVecEnv` (:mod:`sb3_ppo_scale.envs.processes`) runs any Gymnasium env in worker processes, several envs
+per process, observations in shared memory, with SB3's episode contract.
 """
 
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv, make_envpool_vec_env
 from sb3_ppo_scale.envs.episodes import EpisodeState
+from sb3_ppo_scale.envs.processes import EnvWorkerError, ProcessVecEnv, default_workers, make_process_vec_env
 from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
 from sb3_ppo_scale.envs.tasks import ATARI_SB3_SETTINGS, ENVPOOL_EXTRA_HINT, resolve_task
 
@@ -14,9 +18,13 @@ __all__ = [
     "ATARI_SB3_SETTINGS",
     "ENVPOOL_EXTRA_HINT",
     "EnvPoolVecEnv",
+    "EnvWorkerError",
     "EpisodeState",
+    "ProcessVecEnv",
     "collect_rollouts_overlapped",
+    "default_workers",
     "make_envpool_vec_env",
+    "make_process_vec_env",
     "overlap_supported",
     "resolve_task",
 ]
