@@ -83,7 +83,7 @@ def test_envpool_variants_are_copies_of_tested_variants(entry: str) -> None:
 
 
 #: the large-batch recipe's entries: the learning rate starts at 1e-3 (KL-adaptive, or constant for SB3's PPO)
-RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const")))
+RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const", "@scale")))
 
 
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES
@@ -102,13 +102,23 @@ def test_variants_follow_the_stated_learning_rate_rule(entry: str) -> None:
         assert 16384 <= variant["batch_size"] <= 65536
 
 
-@pytest.mark.parametrize("task", sorted({e.split("@")[0] for e in RECIPE_ENTRIES}))
+@pytest.mark.parametrize("task", sorted({e.split("@")[0] for e in RECIPE_ENTRIES if e.endswith("@gpu_kl")}))
 def test_the_recipe_with_a_constant_rate_differs_only_in_the_rate(task: str) -> None:
     adaptive, constant = ENTRIES[f"{task}@gpu_kl"], ENTRIES[f"{task}@gpu_const"]
     assert adaptive["learning_rate"] == "kl_adaptive_1e-3" and constant["learning_rate"] == 1e-3
     assert {k: v for k, v in adaptive.items() if k != "learning_rate"} == {
         k: v for k, v in constant.items() if k != "learning_rate"}
     assert adaptive["n_envs"] * adaptive["n_steps"] >= 16384 and adaptive["batch_size"] <= 2048  # >= 8 minibatches
+
+
+@pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if e.endswith("@scale")))
+def test_scale_entries_are_the_recipe_on_the_scale_backend(entry: str) -> None:
+    """``@scale`` = the large-batch recipe with ``vec_env: scale``; where the task has ``@gpu_kl``, exactly that."""
+    task, variant = entry.split("@")[0], ENTRIES[entry]
+    assert variant["vec_env"] == "scale" and variant["learning_rate"] == "kl_adaptive_1e-3"
+    assert variant["n_envs"] * variant["n_steps"] >= 16384 and variant["batch_size"] <= 2048
+    if f"{task}@gpu_kl" in ENTRIES:
+        assert {k: v for k, v in variant.items() if k != "vec_env"} == ENTRIES[f"{task}@gpu_kl"]
 
 
 ZOO_POLICY_KWARGS = [
@@ -267,7 +277,7 @@ def test_vec_env_kinds_and_activation_names() -> None:
         env.close()
     assert isinstance(zoo.make_envs(config, n_envs=1, vec_env_cls=DummyVecEnv), DummyVecEnv)  # an explicit class wins
     assert zoo.load_config(None, "CartPole-v1").vec_env == "dummy"
-    with pytest.raises(ValueError, match=r"vec_env in entry 'CartPole-v1' must be one of \('dummy', 'subproc', 'envpool'\)"):
+    with pytest.raises(ValueError, match=r"vec_env in entry 'CartPole-v1' must be one of \('dummy', 'subproc', 'envpool', 'scale'\)"):
         zoo.load_config(None, "CartPole-v1", None, {"vec_env": "ray"})
     config = zoo.load_config(None, "CartPole-v1", None, {"policy_kwargs": {"net_arch": [8], "activation_fn": "relu"}})
     assert config.model_kwargs["policy_kwargs"]["activation_fn"] is th.nn.ReLU

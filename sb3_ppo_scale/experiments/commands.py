@@ -180,8 +180,8 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
                 raise ValueError(f"--algo {args.algo} trains {cls.__name__}, but checkpoint {resume_from} was written "
                                  f"by {type(model).__name__}: resume with the run's --algo")
         else:
-            model = zoo.build_model(config, env, algo=cls, seed=args.seed, device=args.device, verbose=args.verbose,
-                                    tensorboard_log=str(run_dir / "tensorboard"))
+            model = zoo.build_model(config, env, algo=cls, seed=args.seed, verbose=args.verbose,
+                                    tensorboard_log=str(run_dir / "tensorboard"), **_placement(config, args))
         world = data_parallel.world_size()
         if world > 1:  # what learn() checks when the ranks meet, here already: a mistake leaves no run folder
             data_parallel.check_data_parallel(model, world, data_parallel.backend_for(model.device))
@@ -200,6 +200,27 @@ def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps
             shutil.rmtree(created, ignore_errors=True)
         raise
     return model, callback
+
+
+def _placement(config: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Where the model runs: ``--device``; with ``vec_env: scale`` (``--variant scale``) also the scale plan's
+    collection device, update threads and CUDA graphs, unless the entry sets them itself. The plan is printed, and
+    torch's threads for collection are the plan's (whatever ``--threads`` says)."""
+    if config.vec_env != "scale":
+        return {"device": args.device}
+    from sb3_ppo_scale.envs import plan_scale
+
+    kind = args.device.split(":")[0]
+    if kind not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"vec_env: scale plans for the CPU and CUDA: --device must be auto, cpu, cuda or "
+                         f"cuda:<index>, got {args.device!r}")
+    plan = plan_scale(config.env_id, config.n_envs, device=kind)
+    plan.apply_threads()
+    args.threads = plan.torch_threads
+    if is_main_process():
+        print(plan.describe(), flush=True)
+    placement = {**plan.model_kwargs(), "device": args.device if args.device.startswith("cuda:") else plan.device}
+    return {key: value for key, value in placement.items() if key == "device" or key not in config.model_kwargs}
 
 
 def _check_same_run(run_dir: Path, config: Any, seed: int) -> None:
@@ -254,7 +275,8 @@ def _print_evaluation(result: Any) -> None:
 
 
 def _evaluation_vec_env(config: Any) -> type | None:
-    """One evaluation env needs no subprocess; EnvPool envs stay EnvPool (their observations differ)."""
+    """One evaluation env needs no subprocess; EnvPool envs stay EnvPool (their observations differ), and so do the
+    scale plan's (one env: the same backend choice)."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     return DummyVecEnv if config.vec_env == "subproc" else None

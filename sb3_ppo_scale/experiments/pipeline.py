@@ -4,7 +4,8 @@
   ``policy_kwargs`` strings use are derived from it);
 - :class:`LinearSchedule`: the zoo's ``lin_<x>`` schedule (a spec's ``schedule: linear``);
 - :data:`MODEL_KEYS`: ScalablePPO's constructor arguments (PPO's plus the ones ScalablePPO adds);
-- :data:`VEC_ENV_KINDS`: how envs are vectorised (``dummy``, ``subproc``, ``envpool``);
+- :data:`VEC_ENV_KINDS`: how envs are vectorised (``dummy``, ``subproc``, ``envpool``, ``scale``: the backend
+  :func:`sb3_ppo_scale.envs.plan_scale` picks for this machine);
 - :data:`EVAL_SEED_OFFSET`: the evaluation env's seed is the run's seed plus this;
 - :class:`PeriodicEvalCallback`: deterministic evaluation every ``eval_freq`` env steps with frozen VecNormalize
   statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``);
@@ -42,7 +43,7 @@ EVAL_SEED_OFFSET = 10_000
 DEFAULT_THREADS = 1
 
 #: How a config's envs are vectorised (the ``vec_env`` key, ``train --vec-env``).
-VEC_ENV_KINDS = ("dummy", "subproc", "envpool")
+VEC_ENV_KINDS = ("dummy", "subproc", "envpool", "scale")
 
 #: Activation names -> classes. Configs name them in lower case (``tanh``); zoo ``policy_kwargs`` strings use the
 #: class names (``nn.Tanh``), see :data:`sb3_ppo_scale.experiments.zoo.SAFE_NAMES`.

@@ -33,6 +33,7 @@ from stable_baselines3.common.vec_env import (
 
 from sb3_ppo_scale.core.update.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv
 from sb3_ppo_scale.envs.episodes import EpisodeState
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, importable_env_id, register_envs
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
@@ -489,6 +490,8 @@ def make_envs(
     n_envs = n_envs or config.n_envs
     if vec_env_cls is None and config.vec_env == "envpool":
         env = _envpool_envs(config, n_envs, seed)
+    elif vec_env_cls is None and config.vec_env == "scale":
+        env = _scale_envs(config, n_envs, seed)
     else:
         vec_env_cls = vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv)
         wrappers = list(config.env_wrappers)
@@ -512,11 +515,24 @@ def make_envs(
         if eval_env:
             kwargs.update(training=False, norm_reward=False)
         env = VecNormalize(env, **kwargs)
-    if config.frame_stack and not (config.vec_env == "envpool" and vec_env_cls is None and is_atari(config.env_id)):
+    if config.frame_stack and not (isinstance(env.unwrapped, EnvPoolVecEnv) and is_atari(config.env_id)):
         env = VecFrameStack(env, config.frame_stack)  # EnvPool's Atari envs already stack 4 frames
     space = env.observation_space
     if is_image_space(space) and not is_image_space_channels_first(space):  # type: ignore[arg-type]
         env = VecTransposeImage(env)
+    return env
+
+
+def _scale_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
+    """The VecEnv :func:`sb3_ppo_scale.envs.plan_scale` picks for ``config`` on this machine (``vec_env: scale``;
+    ``train`` prints the plan). No Monitor CSVs: the backends record episodes themselves."""
+    if config.env_wrappers:
+        raise ValueError(f"entry {config.entry!r}: env_wrapper cannot wrap the scale backends' envs (vec_env: scale); "
+                         "drop env_wrapper or use vec_env dummy/subproc")
+    from sb3_ppo_scale.envs import make_scale_vec_env
+
+    env, _ = make_scale_vec_env(config.env_id, n_envs, 0 if seed is None else seed, env_kwargs=config.env_kwargs,
+                                verbose=0)
     return env
 
 
