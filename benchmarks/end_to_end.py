@@ -746,6 +746,9 @@ def main(argv: list[str] | None = None) -> None:
     profile.add_argument("--n-envs", type=_positive_int, default=1, help="envs in the DummyVecEnv (default 1)")
     profile.add_argument("--calls", type=int, default=3000)
     profile.add_argument("--seed", type=int, default=0)
+    for command in (learn, collect, profile):  # --out also after the sub-command (argparse keeps the top one's
+        command.add_argument("--out", type=Path, default=argparse.SUPPRESS,  # value unless this one is given)
+                             help=f"where the tables go (default {RESULTS})")
     for command in (collect, profile):
         command.add_argument("--core", type=_core_argument, default=default_core(),
                              help="the CPU core this process is pinned to (default: the highest it may use); "

@@ -18,6 +18,11 @@
 #      policy on the GPU (rollouts checked equal), and beside them ScalablePPO's cuda_graphs=True (the policy step
 #      replayed from a CUDA graph, rollouts checked equal) and collect_device="cpu", Hopper-v5 at
 #      $COLLECT_ENVS envs (default "1 8 64"; needs gymnasium[mujoco]), written as end_to_end/collect_cuda.md.
+#   8. with SCALE=1, benchmarks/scale.py on the box's cores and GPU: the per-stage cost model (model) and end-to-end
+#      learn() steps/s of SB3 PPO on DummyVecEnv and on EnvPool against ScalablePPO's scale plan, at $SCALE_CORES
+#      cores (default "1 <all>"), CPU rows and GPU rows (--device cuda), Hopper-v5, written as scale/scale.md and
+#      scale/cost_model.md. Needs EnvPool: the slim build of ../shared/device/envpool_slim.sh (its tarballs in .whl/,
+#      unpacked as that script says, ENVPOOL_ASSETS_PATH set).
 # Usage on a GPU machine with this project installed (or its wheels on PYTHONPATH):
 #   OUT=benchmarks/results bash benchmarks/gpu_checks.sh
 # Logs and train_phase_cuda.md land in $OUT (default benchmarks/results).
@@ -25,7 +30,9 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results}
 COMPILE_FLAG=$([ -n "${COMPILE:-}" ] && echo --compile || echo --no-compile)
 PY=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+# MUJOCO_GL is left unset: nothing here renders, and on an image without an EGL loader `MUJOCO_GL=egl` makes
+# `import mujoco` fail (seen on the H200 box), which stopped every MuJoCo benchmark.
+export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$OUT/gpu.txt"
@@ -57,4 +64,16 @@ if [ -n "${COLLECT:-}" ]; then
   OMP_NUM_THREADS=1 timeout "${COLLECT_TIMEOUT:-240}" "$PY" benchmarks/end_to_end.py collect --device cuda --envs Hopper-v5 \
     --n-envs ${COLLECT_ENVS:-1 8 64} --repeats "${REPEATS:-3}" 2>&1 | grep -v USDT | tee "$OUT/collect_cuda.log" | tail -8
   mkdir -p "$OUT/end_to_end" && cp benchmarks/results/end_to_end/collect_cuda.md "$OUT/end_to_end/"
+fi
+if [ -n "${SCALE:-}" ]; then
+  all=$(nproc)
+  mkdir -p "$OUT/scale"
+  timeout "${SCALE_MODEL_TIMEOUT:-150}" "$PY" benchmarks/scale.py model --tasks Hopper-v5 --out "$OUT/scale" 2>&1 \
+    | grep -v USDT | tee "$OUT/scale_model.log" | tail -6
+  for device in cpu cuda; do
+    # shellcheck disable=SC2086  # SCALE_CORES is a list of numbers
+    timeout "${SCALE_TIMEOUT:-200}" "$PY" benchmarks/scale.py run --device "$device" --tasks Hopper-v5 \
+      --cores ${SCALE_CORES:-1 $all} --variants sb3_dummy sb3_fast scalable --repeats "${SCALE_REPEATS:-2}" \
+      --out "$OUT/scale" 2>&1 | grep -v USDT | tee "$OUT/scale_$device.log" | tail -8
+  done
 fi

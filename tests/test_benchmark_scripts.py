@@ -12,10 +12,11 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "end_to_end.py"
 
 
-def _run(out: Path, *args: str) -> str:
+def _run(out: Path, *args: str, out_last: bool = False) -> str:
+    """The script with ``--out`` before the sub-command, or after its other arguments (``out_last``)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=env, capture_output=True,
-                            text=True, timeout=600)
+    argv = [*args, "--out", str(out)] if out_last else ["--out", str(out), *args]
+    result = subprocess.run([sys.executable, str(SCRIPT), *argv], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -51,7 +52,7 @@ def test_learn_table_says_where_sbx_ran_ahead_and_in_which_phase() -> None:
 
 
 def test_collect_checks_the_rollouts_it_times(tmp_path: Path) -> None:
-    _run(tmp_path, "collect", "--envs", "Hopper-v5", "--n-envs", "8", "--repeats", "1")
+    _run(tmp_path, "collect", "--envs", "Hopper-v5", "--n-envs", "8", "--repeats", "1", out_last=True)
     rows = [line for line in (tmp_path / "collect.md").read_text().splitlines() if line.startswith("| Hopper-v5 | 8 |")]
     assert len(rows) == 1 and "| yes |" in rows[0] and rows[0].count("x [") == 2, rows  # both ratios, all equal
 

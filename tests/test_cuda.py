@@ -159,15 +159,19 @@ def test_cuda_graphs_kl_adaptive_learning_rate_does_not_recapture() -> None:
     assert max_param_diff(eager, graphed) <= TOL
 
 
-def test_collection_on_the_cpu_trains_like_collection_on_the_gpu() -> None:
-    """collect_device="cpu" (a CPU copy of the policy collects) against inference on the GPU: the same rollouts
-    up to float rounding of the policy's outputs, so parameters stay within the CUDA tolerance."""
+def test_collection_on_the_cpu_draws_what_a_cpu_policy_draws() -> None:
+    """collect_device="cpu" on a CUDA model: its CPU copy samples from the CPU generator, as a model whose policy is on
+    the CPU does, so the first rollout equals that model's bit for bit. It is not the GPU loop's sample: the GPU draws
+    from CUDA's generator (the H200 run found parameters 7.2e-3 apart after two rollouts, a different sample, not
+    rounding; docs/known-limits.md)."""
     kwargs = dict(n_steps=N_STEPS, batch_size=64, n_epochs=2)
-    on_gpu, on_cpu = train_pair("Pendulum-v1", 2 * N_STEPS, device="cuda", baseline_cls=ScalablePPO,
-                                baseline_kwargs=dict(collect_device="cuda"), scalable_kwargs=dict(collect_device="cpu"),
-                                **kwargs)
-    assert str(on_cpu._collection.device) == "cpu" and on_gpu._collection is None
-    assert max_param_diff(on_gpu, on_cpu) <= 1e-4  # Pendulum's continuous actions: rounding, not a different sample
+    copy_collects = train_one(ScalablePPO, "Pendulum-v1", N_STEPS, "MlpPolicy", "cuda", collect_device="cpu", **kwargs)
+    on_cpu = train_one(ScalablePPO, "Pendulum-v1", N_STEPS, "MlpPolicy", "cpu", **kwargs)
+    assert str(copy_collects._collection.device) == "cpu" and copy_collects.device.type == "cuda"
+    for name in ("observations", "actions", "rewards", "episode_starts", "values", "log_probs", "returns",
+                 "advantages"):
+        theirs, ours = getattr(on_cpu.rollout_buffer, name), getattr(copy_collects.rollout_buffer, name)
+        assert theirs.shape == ours.shape and (theirs == ours).all(), name
 
 
 @pytest.mark.parametrize("case", ["box_pendulum_vecnormalize", "discrete_cartpole", "gsde_sample_freq", "cnn",

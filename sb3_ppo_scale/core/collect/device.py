@@ -2,9 +2,11 @@
 
 On a GPU box a small MLP policy can be slower to run one env step at a time on the GPU than on the CPU: each step
 pays kernel-launch and host-device copy latency for a few thousand multiply-adds. The default ("auto") keeps
-collection on the policy's device, exactly as SB3's PPO: per-step CPU inference changes float rounding (and can
-flip a sampled discrete action), and its speed-up is not yet measured by a committed benchmark
-(docs/known-limits.md). With ``collect_device="cpu"`` the model keeps
+collection on the policy's device, exactly as SB3's PPO: the CPU copy samples its actions from the CPU generator,
+not CUDA's, so its rollouts are another sample than PPO's on the GPU (docs/known-limits.md). Measured on the H200
+box (collection only, Hopper-v5; ``COLLECT=1 benchmarks/gpu_checks.sh``): 2.24x SB3's GPU loop at 1 env, 1.82x at 8,
+0.85x at 64, so the scale plan (:func:`sb3_ppo_scale.envs.plan_scale`) picks it at 8 envs or fewer, and "auto" stays
+PPO's. With ``collect_device="cpu"`` the model keeps
 a CPU copy of its policy, copies the trained parameters into it once per rollout, and SB3's own
 ``collect_rollouts`` runs with that copy as ``model.policy`` (and ``model.device``) for the duration of the
 rollout. Callbacks called during collection see the copy: it has the same parameters, and its ``optimizer`` is the
