@@ -142,7 +142,7 @@ def test_n_workers_must_divide_n_envs() -> None:
 
 def test_attributes_and_methods_reach_each_env() -> None:
     """get_attr/set_attr/env_method/env_is_wrapped address env i in worker i // k, slot i % k, in the order asked;
-    an env's AttributeError is raised as it is and leaves the workers running; workers ignore SIGINT."""
+    an env's AttributeError is raised as it is and leaves the workers running."""
     env = make_process_vec_env("CartPole-v1", 4, n_workers=2, seed=5, wrapper_class=ExplodesOnRequest)
     env.reset()
     assert env.get_attr("np_random_seed") == [5, 6, 7, 8]
@@ -155,11 +155,26 @@ def test_attributes_and_methods_reach_each_env() -> None:
     assert env.env_is_wrapped(Monitor) == [True] * 4 and env.env_is_wrapped(DictObservation) == [False] * 4
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
         env.get_attr("missing")
-    for pid in env.worker_pids:
-        os.kill(pid, signal.SIGINT)
-    env.step(np.zeros(4, dtype=np.int64))  # the workers are still there
     assert [frame.shape for frame in env.get_images()] == [(400, 600, 3)] * 4
     env.close()
+
+
+def test_workers_ignore_sigint_and_die_of_sigterm() -> None:
+    """Ctrl-C is the training process's alone; SIGTERM ends a worker even when it was forked with a Python handler
+    for it installed (a checkpoint callback's)."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        env = make_process_vec_env("CartPole-v1", 2, n_workers=2, seed=0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    env.reset()
+    for pid in env.worker_pids:
+        os.kill(pid, signal.SIGINT)
+    env.step(np.zeros(2, dtype=np.int64))  # the workers are still there
+    os.kill(env.worker_pids[0], signal.SIGTERM)
+    with pytest.raises(EnvWorkerError, match=r"^env worker 0 \(pid \d+, env 0 of CartPole-v1\) died: killed by "
+                                             r"signal SIGTERM"):
+        env.step(np.zeros(2, dtype=np.int64))
 
 
 def test_killed_worker_raises_an_error_naming_it() -> None:

@@ -33,7 +33,8 @@ sentinels together). An exception raised by an env's ``step``/``reset`` ends its
 stops on any error) and is raised as :class:`EnvWorkerError` chained to it. Either way the other workers are stopped
 and the VecEnv is closed: resume from the last checkpoint with a new one (docs/envs.md). Exceptions from
 ``get_attr``/``set_attr``/``env_method`` leave the worker running and are raised as they are (``AttributeError``...).
-Workers ignore SIGINT: Ctrl-C reaches the training process alone, which can checkpoint and close them.
+Workers ignore SIGINT (Ctrl-C reaches the training process alone, which can checkpoint and close them) and die of
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -158,10 +159,12 @@ def _env_method(env: gym.Env, name: str, args: tuple[Any, ...], kwargs: dict[str
 
 
 def _make_worker(env_fns: Sequence[Callable[[], gym.Env]], worker_index: int, parent_pid: int) -> WorkerEnvs:
-    """A worker's envs; in the worker process (``AsyncVectorEnv`` also builds one in the parent, to read the spaces),
-    SIGINT is ignored first, so that Ctrl-C reaches the training process alone."""
+    """A worker's envs. In the worker process (``AsyncVectorEnv`` also builds one in the parent, to read the spaces)
+    SIGINT is ignored first, so that Ctrl-C reaches the training process alone, and SIGTERM ends the worker, whatever
+    handler a forked worker inherited (e.g. a checkpoint callback's, which would keep it alive)."""
     if os.getpid() != parent_pid:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return WorkerEnvs(env_fns, worker_index)
 
 
