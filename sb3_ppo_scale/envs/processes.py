@@ -116,12 +116,13 @@ class WorkerEnvs(SyncVectorEnv):
         obs, rewards, terminated, truncated, infos = super().step(actions)
         batch = infos[INFO_KEY]
         for calls, terminal, truncation in zip(batch._calls, terminated, truncated):
-            info = calls[0]["final_info"] if len(calls) == 2 else calls[0]
+            finished = len(calls) == 2  # {"final_obs", "final_info"}, then the info of its reset in this step
+            info = calls[0]["final_info"] if finished else calls[0]
             info["TimeLimit.truncated"] = bool(truncation and not terminal)  # as DummyVecEnv, on every step
-            if len(calls) == 2:  # finished: reset in this step
+            if finished:
                 info["terminal_observation"] = calls[0]["final_obs"]
             batch.infos.append(info)
-            batch.reset_infos.append(calls[1] if len(calls) == 2 else None)
+            batch.reset_infos.append(calls[1] if finished else None)
         return obs, rewards, terminated, truncated, infos
 
     def get_wrapper_attr(self, name: str) -> Any:
@@ -444,7 +445,8 @@ def make_process_vec_env(env_id: str | Callable[..., gym.Env], n_envs: int, n_wo
     if not is_int(n_envs) or n_envs < 1:  # type: ignore[operator]
         raise ValueError(f"n_envs must be an int >= 1, got {n_envs!r}")
     env = make_vec_env(env_id, n_envs, seed=seed, wrapper_class=wrapper_class, env_kwargs=env_kwargs,
-                       monitor_dir=monitor_dir, monitor_kwargs=monitor_kwargs, vec_env_cls=ProcessVecEnv,  # type: ignore[arg-type]
+                       monitor_dir=monitor_dir, monitor_kwargs=monitor_kwargs,
+                       vec_env_cls=ProcessVecEnv,  # type: ignore[arg-type]
                        vec_env_kwargs={"n_workers": n_workers, "start_method": start_method})
     assert isinstance(env, ProcessVecEnv)
     return env
