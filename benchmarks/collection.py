@@ -4,12 +4,12 @@ Three measurements, each writing a markdown table (command and machine line incl
 benchmarks/results/:
 
 ``collect``   collection steps/s through SB3's ``collect_rollouts`` (policy inference included: MlpPolicy for
-              HalfCheetah-v5, CnnPolicy for Pong-v5), at 1/4/16/64 envs, for DummyVecEnv, SubprocVecEnv, the
-              EnvPool VecEnv and the overlapped EnvPool collector (:mod:`sb3_ppo_scale.envs.overlap`); medians over
-              alternating repeats, ratios to SB3's best VecEnv at that size.
+              HalfCheetah-v5, CnnPolicy for Pong-v5), at 1/4/16/64 envs, for DummyVecEnv, SubprocVecEnv and the
+              EnvPool VecEnv; medians over alternating repeats, ratios to SB3's best VecEnv at that size. (Its
+              committed tables also have the overlapped EnvPool collector, removed since: benchmarks/scale.py.)
 ``ceiling``   EnvPool's own stepping rate at 64 envs without a policy (what any collector can reach).
 ``learn``     ``learn()`` steps/s end to end at the same config: SB3 PPO + its best VecEnv against ScalablePPO +
-              EnvPool (plain and overlapped), with a profile splitting the time into env stepping, inference,
+              EnvPool, with a profile splitting the time into env stepping, inference,
               bookkeeping and the update.
 ``learning``  ScalablePPO on EnvPool HalfCheetah-v5 against the Gymnasium env at the same budget and seeds
               (HalfCheetah-v5@cpu_linear hyperparameters): final training return and deterministic evaluation on the
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -47,7 +46,7 @@ from sb3_ppo_scale.experiments.zoo import load_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ATARI_GYM_ID = "PongNoFrameskip-v4"
-KINDS = ("dummy", "subproc", "envpool", "envpool_overlap")
+KINDS = ("dummy", "subproc", "envpool")
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -74,7 +73,7 @@ def header(title: str, argv: list[str]) -> list[str]:
 
 
 def make_env(task: str, kind: str, n_envs: int, seed: int) -> VecEnv:
-    """``task``: HalfCheetah-v5 or Pong-v5; ``kind``: one of :data:`KINDS` (both EnvPool kinds: the same VecEnv)."""
+    """``task``: HalfCheetah-v5 or Pong-v5; ``kind``: one of :data:`KINDS`."""
     if kind.startswith("envpool"):
         return make_envpool_vec_env(task, n_envs, seed=seed)
     vec_cls = DummyVecEnv if kind == "dummy" else SubprocVecEnv
@@ -102,11 +101,9 @@ class _NoCallback(BaseCallback):
 
 
 def prepared(model: PPO, kind: str) -> Callable[[], None]:
-    """One rollout of ``model.n_steps`` steps per env with SB3's collect_rollouts or the overlapped collector."""
+    """One rollout of ``model.n_steps`` steps per env with the model's ``collect_rollouts``."""
     _, callback = model._setup_learn(10**9, _NoCallback())  # resets the env, creates the episode buffers
-    from sb3_ppo_scale.envs import collect_rollouts_overlapped
-
-    collect = collect_rollouts_overlapped if kind == "envpool_overlap" else type(model).collect_rollouts
+    collect = type(model).collect_rollouts
 
     def run() -> None:
         collect(model, model.env, callback, model.rollout_buffer, model.n_steps)
@@ -123,7 +120,7 @@ def bench_collect(args: argparse.Namespace) -> None:
             n_steps = max((args.atari_samples if task == "Pong-v5" else args.samples) // n_envs, 8)
             runners = {}
             for kind in args.kinds:
-                if (kind == "subproc" and n_envs > args.max_subproc) or (kind == "envpool_overlap" and n_envs < 2):
+                if kind == "subproc" and n_envs > args.max_subproc:
                     continue
                 model = PPO(policy_for(task), make_env(task, kind, n_envs, 0), n_steps=n_steps, batch_size=n_steps * n_envs,
                             seed=0, device="cpu")
@@ -148,21 +145,19 @@ def write_collect(args: argparse.Namespace, rows: dict[tuple[str, int], dict[str
         f"SB3's `PPO.collect_rollouts` (policy inference included: MlpPolicy for HalfCheetah-v5, CnnPolicy for Pong-v5; "
         f"1 torch thread) filling a rollout of ~{args.samples} steps (Pong: ~{args.atari_samples}), median over {args.repeats} alternating repeats "
         "after one warm-up rollout. Pong with SB3: `PongNoFrameskip-v4` + AtariWrapper + VecFrameStack(4); with "
-        "EnvPool: `Pong-v5` with the AtariWrapper-matching settings. `envpool_overlap`: "
-        "`sb3_ppo_scale.envs.collect_rollouts_overlapped` (two halves of the envs, stepping one while the policy runs "
-        "on the other). ratio = steps/s / SB3's best VecEnv (DummyVecEnv or SubprocVecEnv) at that size. "
+        "EnvPool: `Pong-v5` with the AtariWrapper-matching settings. ratio = steps/s / SB3's best VecEnv (DummyVecEnv or SubprocVecEnv) at that size. "
         f"SubprocVecEnv is measured up to {args.max_subproc} envs (one process per env; on a quiet box with few cores it "
         "only gets slower with more processes). Every repeat's steps/s: the .json file of the same name.",
         "",
     ]
     for task in args.tasks:
         lines += [f"## {task}", "", "| envs | " + " | ".join(f"{k} steps/s" for k in args.kinds)
-                  + " | envpool / best SB3 | envpool_overlap / best SB3 |", "|---:" * (len(args.kinds) + 3) + "|"]
+                  + " | envpool / best SB3 |", "|---:" * (len(args.kinds) + 2) + "|"]
         for n_envs in args.n_envs:
             row = rows[(task, n_envs)]
             best = max(v for k, v in row.items() if not k.startswith("envpool"))
             cells = [f"{row[k]:,.0f}" if k in row else "-" for k in args.kinds]
-            ratios = [f"{row[k] / best:.2f}" if k in row else "-" for k in ("envpool", "envpool_overlap")]
+            ratios = [f"{row[k] / best:.2f}" if k in row else "-" for k in ("envpool",)]
             lines.append(f"| {n_envs} | " + " | ".join(cells + ratios) + " |")
         lines.append("")
     out = RESULTS / f"{args.name}.md"
@@ -233,14 +228,10 @@ class Profile:
             self.seconds[name] += time.perf_counter() - start
 
 
-def instrument(model: PPO, profile: Profile, overlapped: bool) -> None:
-    """Time ``model``'s env calls, policy forward passes and ``train()`` (instance-level wrappers).
-
-    With the overlapped collector, time spent waiting in ``recv()`` is env time and inference runs while the other
-    half steps (so the phases overlap: env + inference + rest adds up to the collection time, not more).
-    """
+def instrument(model: PPO, profile: Profile) -> None:
+    """Time ``model``'s env calls, policy forward passes and ``train()`` (instance-level wrappers)."""
     venv = model.env.venv if isinstance(model.env, VecNormalize) else model.env
-    targets = [(venv, "recv" if overlapped else "step_wait", "env"), (model.policy, "forward", "inference"),
+    targets = [(venv, "step_wait", "env"), (model.policy, "forward", "inference"),
                (model.policy, "predict_values", "inference"), (model, "train", "update")]
     for obj, name, phase in targets:
         original = getattr(obj, name)
@@ -250,17 +241,13 @@ def instrument(model: PPO, profile: Profile, overlapped: bool) -> None:
                 return _original(*a, **k)
 
         setattr(obj, name, timed)
-    if overlapped:
-        from sb3_ppo_scale.envs import collect_rollouts_overlapped
-
-        model.collect_rollouts = functools.partial(collect_rollouts_overlapped, model)  # type: ignore[method-assign]
 
 
 def bench_learn(args: argparse.Namespace) -> None:
     variant = None if args.variant == "plain" else args.variant
     config = load_config(None, ATARI_GYM_ID if args.env == "Pong-v5" else args.env, variant)
     runs = [("SB3 PPO", PPO, best) for best in args.sb3_vec_env] + [
-        ("ScalablePPO", ScalablePPO, "envpool"), ("ScalablePPO", ScalablePPO, "envpool_overlap")]
+        ("ScalablePPO", ScalablePPO, "envpool")]
     results: dict[str, list[tuple[float, dict[str, float]]]] = {}
     for repeat in range(args.repeats):
         for label, algo, kind in runs:
@@ -269,7 +256,7 @@ def bench_learn(args: argparse.Namespace) -> None:
                 env = VecNormalize(env, **config.normalize)
             model = algo(config.policy, env, seed=repeat, device="cpu", **config.model_kwargs)
             profile = Profile()
-            instrument(model, profile, kind == "envpool_overlap")
+            instrument(model, profile)
             start = time.perf_counter()
             model.learn(args.timesteps)
             wall = time.perf_counter() - start
@@ -288,7 +275,7 @@ def write_learn(args: argparse.Namespace, entry: str, results: dict[str, list]) 
     lines += [
         f"`learn({args.timesteps})` with the entry's hyperparameters for every row (same config), CPU, 1 torch thread, "
         f"median over {args.repeats} alternating repeats (seed = repeat). Profile (median seconds per run): env = "
-        "time inside the VecEnv's step (overlapped: waiting in `recv()`), inference = policy forward passes "
+        "time inside the VecEnv's step, inference = policy forward passes "
         "(actions, values, terminal-observation values), update = `train()`, rest = bookkeeping (buffer, "
         "VecNormalize, callbacks, tensor conversion; wall minus the three, per run). Each column is a median on its own, "
         "so a row need not add up. ratio = steps/s / SB3 PPO's best. Every run: the .json file of the same name.",

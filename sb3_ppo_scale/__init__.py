@@ -6,11 +6,9 @@ from sb3_ppo_scale.buffers.prioritized import MaskablePrioritizedRolloutBuffer, 
 from sb3_ppo_scale.core.update.sampling import MinibatchLoader
 from sb3_ppo_scale import checkpoint, distributed
 from sb3_ppo_scale.core import extensions
-from sb3_ppo_scale.envs import overlap
 
 # the layers above the core provide what it plugs in (sb3_ppo_scale.core.extensions)
-extensions.install(data_parallel=distributed, checkpoint_loader=checkpoint.load_checkpoint,
-                   collectors={"overlap_collection": overlap.OVERLAPPED})
+extensions.install(data_parallel=distributed, checkpoint_loader=checkpoint.load_checkpoint)
 
 __all__ = ["ScalablePPO", "ScalableMaskablePPO", "ScalableRecurrentPPO", "MinibatchLoader", "PrioritizedRolloutBuffer",
            "MaskablePrioritizedRolloutBuffer"]

@@ -63,22 +63,25 @@ def test_bad_collect_device(bad) -> None:
         ScalablePPO("MlpPolicy", "Pendulum-v1", collect_device=bad, **SMALL)
 
 
-def test_overlap_collection_routes_envpool_rollouts_through_the_double_buffered_collector() -> None:
-    import_envpool()
-    from sb3_ppo_scale.core.extensions import EXTENSIONS, Collector  # the overlapped loop plugs into the core
-    from sb3_ppo_scale.envs import make_envpool_vec_env
+def test_overlap_collection_is_ignored_with_a_warning_and_collects_lean() -> None:
+    """The double-buffered EnvPool collector was removed (slower than the lean loop); scripts and saved models that
+    set the argument still run, told so once, with the same rollouts and parameters as without it."""
+    import warnings
 
-    installed = EXTENSIONS.collectors["overlap_collection"]
-    for overlap, expected_calls in ((False, 0), (True, 2)):
-        env = make_envpool_vec_env("HalfCheetah-v5", 4, seed=0)
-        model = ScalablePPO("MlpPolicy", env, overlap_collection=overlap, **SMALL)
-        overlapped = mock.Mock(wraps=installed.collect)
-        with mock.patch.dict(EXTENSIONS.collectors,
-                             {"overlap_collection": Collector(installed.name, installed.blocker, overlapped)}):
-            model.learn(2 * 64 * 4)
-        assert overlapped.call_count == expected_calls
-        assert model.num_timesteps == 2 * 64 * 4
-        env.close()
+    from sb3_ppo_scale.core.algorithm import OVERLAP_REMOVED
+
+    with pytest.warns(UserWarning) as caught:
+        overlapped = ScalablePPO("MlpPolicy", "Pendulum-v1", overlap_collection=True, **SMALL)
+    assert [str(w.message) for w in caught].count(OVERLAP_REMOVED) == 1
+    assert OVERLAP_REMOVED.startswith("overlap_collection=True is ignored: the double-buffered EnvPool collector")
+    plain = ScalablePPO("MlpPolicy", "Pendulum-v1", **SMALL)
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
+        for model in (overlapped, plain):
+            model.set_random_seed(0)
+            model.learn(2 * 64)
+    assert OVERLAP_REMOVED not in [str(w.message) for w in later]
+    assert_identical(overlapped, plain)
 
 
 def test_bad_overlap_collection() -> None:

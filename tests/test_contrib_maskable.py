@@ -219,7 +219,6 @@ def test_use_masking_false_is_maskable_ppo_without_masks() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "pattern"), [
-    (dict(overlap_collection=True), r"overlap_collection=True is not supported by ScalableMaskablePPO"),
     (dict(rollout_buffer_class=PrioritizedRolloutBuffer), r"rollout_buffer_class must store action masks.*"
                                                            r"MaskablePrioritizedRolloutBuffer"),
     (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),

@@ -246,7 +246,6 @@ def test_save_and_load_keep_the_model_and_its_arguments(tmp_path) -> None:
 @pytest.mark.parametrize(("kwargs", "pattern"), [
     (dict(batch_size=64, grad_accum_steps=2), r"batch_size=64 cannot hold grad_accum_steps=2 whole sequences"),
     (dict(cuda_graphs=True), r"cuda_graphs=True is not supported by ScalableRecurrentPPO"),
-    (dict(overlap_collection=True), r"overlap_collection=True is not supported by ScalableRecurrentPPO"),
     (dict(batched_sequences="yes"), r"batched_sequences must be True or False"),
     (dict(batch_size=1), r"batch_size must be >= 2 when normalize_advantage=True"),
     (dict(policy_kwargs=dict(lstm_hidden_size=-1)), r"policy_kwargs\['lstm_hidden_size'\] must be an int >= 1, got -1"),

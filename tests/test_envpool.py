@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -16,13 +15,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 from sb3_ppo_scale import ScalablePPO
-from sb3_ppo_scale.envs import (
-    ENVPOOL_EXTRA_HINT,
-    EnvPoolVecEnv,
-    collect_rollouts_overlapped,
-    make_envpool_vec_env,
-    overlap_supported,
-)
+from sb3_ppo_scale.envs import ENVPOOL_EXTRA_HINT, EnvPoolVecEnv, make_envpool_vec_env
 
 from tests.helpers import import_envpool, max_param_diff
 
@@ -254,100 +247,3 @@ def test_cnn_policy_on_pong_frames() -> None:
     frames = model.rollout_buffer.observations
     assert frames.shape[-3:] == (4, 84, 84) and frames.size == 32 * 4 * 84 * 84
     assert frames.dtype == np.uint8 and frames.max() > frames.min()
-
-
-# ------------------------------------------------------------------------------ overlapped (double-buffered) collection
-def collect_once(model: PPO, overlapped: bool, callback: Any = None) -> bool:
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class Continue(BaseCallback):
-        def _on_step(self) -> bool:
-            return True
-
-    _, callback = model._setup_learn(10**6, callback or Continue())
-    collect = collect_rollouts_overlapped if overlapped else type(model).collect_rollouts
-    return collect(model, model.env, callback, model.rollout_buffer, model.n_steps)
-
-
-@pytest.mark.parametrize("algo", [PPO, ScalablePPO])
-def test_overlapped_rollout_replays_exactly_through_the_plain_vec_env(algo: type[PPO]) -> None:
-    """Every env's column holds its own transitions in order: replaying the stored actions through a plain
-    EnvPoolVecEnv with the same seed gives the stored observations, episode starts and (bootstrapped) rewards."""
-    n_envs, n_steps, gamma = 5, 48, 0.9  # odd: halves of 2 and 3 envs
-    model = algo("MlpPolicy", make_envpool_vec_env("CartPole-v1", n_envs, seed=1, **CARTPOLE_20), n_steps=n_steps,
-                 batch_size=48, gamma=gamma, seed=1, device="cpu")
-    assert collect_once(model, overlapped=True)
-    buffer = model.rollout_buffer
-    replay = make_envpool_vec_env("CartPole-v1", n_envs, seed=1, **CARTPOLE_20)
-    obs = replay.reset()
-    n_truncated = 0
-    for t in range(n_steps):
-        np.testing.assert_array_equal(buffer.observations[t], obs)
-        with th.no_grad():
-            obs_tensor = th.as_tensor(obs)
-            values, log_probs, _ = model.policy.evaluate_actions(obs_tensor, th.as_tensor(buffer.actions[t]).flatten())
-        np.testing.assert_allclose(buffer.values[t], values.flatten().numpy(), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(buffer.log_probs[t], log_probs.numpy(), rtol=1e-5, atol=1e-6)
-        obs, rewards, dones, infos = replay.step(buffer.actions[t].astype(np.int64).flatten())
-        for i in np.flatnonzero(dones):
-            if infos[i]["TimeLimit.truncated"]:
-                n_truncated += 1
-                with th.no_grad():
-                    rewards[i] += gamma * model.policy.predict_values(th.as_tensor(infos[i]["terminal_observation"])[None])[0, 0].item()
-        np.testing.assert_allclose(buffer.rewards[t], rewards, rtol=1e-6)
-        if t + 1 < n_steps:
-            np.testing.assert_array_equal(buffer.episode_starts[t + 1], dones)
-    np.testing.assert_array_equal(model._last_obs, obs)
-    assert n_truncated > 0 and model.num_timesteps == n_envs * n_steps
-    assert len(model.ep_info_buffer) >= n_envs and all(1 <= e["l"] <= 20 for e in model.ep_info_buffer)
-
-
-def test_overlapped_collection_under_vec_normalize() -> None:
-    """Same raw data as the plain collector given the same actions; running statistics equal up to rounding."""
-    n_envs, n_steps = 4, 64
-    env = VecNormalize(make_envpool_vec_env("Pendulum-v1", n_envs, seed=0), gamma=0.9)
-    model = PPO("MlpPolicy", env, n_steps=n_steps, batch_size=64, gamma=0.9, seed=0, device="cpu")
-    assert collect_once(model, overlapped=True)
-    replay = VecNormalize(make_envpool_vec_env("Pendulum-v1", n_envs, seed=0), gamma=0.9)
-    replay.reset()
-    for t in range(n_steps):
-        replay.step(np.clip(model.rollout_buffer.actions[t], -2, 2))
-    # batch means of float32 observations are float32 sums: equal up to float32 rounding
-    np.testing.assert_allclose(env.obs_rms.mean, replay.obs_rms.mean, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(env.obs_rms.var, replay.obs_rms.var, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(env.ret_rms.var, replay.ret_rms.var, rtol=1e-6, atol=1e-9)
-    assert env.obs_rms.count == replay.obs_rms.count
-    np.testing.assert_array_equal(env.get_original_obs(), replay.get_original_obs())
-    np.testing.assert_array_equal(env.returns, replay.returns)
-
-
-def test_overlapped_collection_stops_on_callback_and_refuses_unsupported_envs() -> None:
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class StopAtThird(BaseCallback):
-        def _on_step(self) -> bool:
-            return self.n_calls < 3
-
-    env = make_envpool_vec_env("CartPole-v1", 4, seed=0)
-    model = PPO("MlpPolicy", env, n_steps=16, batch_size=64, seed=0, device="cpu")
-    assert not collect_once(model, overlapped=True, callback=StopAtThird())
-    assert model.num_timesteps == 3 * 4
-    env.step(np.zeros(4, dtype=np.int64))  # nothing left in flight
-    assert overlap_supported(model, env)
-    dummy = PPO("MlpPolicy", reference_vec_env("CartPole-v1", 2, seed=0), n_steps=16, batch_size=32, device="cpu")
-    one = PPO("MlpPolicy", make_envpool_vec_env("CartPole-v1", 1, seed=0), n_steps=16, batch_size=16, device="cpu")
-    sde = PPO("MlpPolicy", make_envpool_vec_env("Pendulum-v1", 2, seed=0), n_steps=16, batch_size=32, use_sde=True,
-              device="cpu")
-    for other in (dummy, one, sde):
-        assert not overlap_supported(other, other.env)
-    with pytest.raises(ValueError, match="collect_rollouts_overlapped needs an EnvPoolVecEnv"):
-        collect_once(dummy, overlapped=True)
-
-
-def test_learn_with_overlapped_collection_on_halfcheetah() -> None:
-    env = make_envpool_vec_env("HalfCheetah-v5", 4, seed=0, max_episode_steps=100)
-    model = ScalablePPO("MlpPolicy", env, n_steps=128, batch_size=256, n_epochs=2, seed=0, device="cpu")
-    model.collect_rollouts = functools.partial(collect_rollouts_overlapped, model)  # the hook, on an instance
-    model.learn(1024)
-    assert [e["l"] for e in model.ep_info_buffer] == [100] * 8
-    assert model.num_timesteps == 1024 and env.reset_steps == 8

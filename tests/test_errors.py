@@ -182,7 +182,7 @@ def test_every_added_argument_reaches_the_config() -> None:
 
     chosen = dict(grad_accum_steps=2, buffer_device="cpu", objective="kl_penalty", kl_coef=0.5, kl_penalty_target=0.02,
                   kl_adapt_factor=3.0, kl_adapt_tolerance=2.0, cuda_graphs=True, compile_loss=True, nonfinite="raise",
-                  collect_device="cpu", overlap_collection=True)
+                  collect_device="cpu", overlap_collection=True, update_threads=2)
     fields = dataclasses.fields(ScaleConfig)
     assert set(chosen) == {field.name for field in fields}
     assert all(chosen[field.name] != field.default for field in fields)  # a forgotten one would show
@@ -191,14 +191,6 @@ def test_every_added_argument_reaches_the_config() -> None:
     assert ScaleConfig.of(stored) == ScaleConfig(**chosen)
     runnable = dict(chosen, cuda_graphs=False, compile_loss=False)
     assert ScaleConfig.of(build(**runnable)) == ScaleConfig(**runnable)
-
-
-def test_overlap_collection_without_envpool_says_why_it_is_not_used() -> None:
-    model = build(overlap_collection=True, n_steps=32, batch_size=32)
-    with pytest.warns(UserWarning, match=r"overlap_collection=True: collecting without overlap, because the env is a "
-                                         r"DummyVecEnv, not an EnvPool VecEnv"):
-        model.learn(32)
-    assert model.num_timesteps == 32
 
 
 def test_an_unknown_keyword_names_the_class() -> None:

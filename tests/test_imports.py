@@ -126,11 +126,11 @@ def test_nothing_in_the_core_imports_a_layer_above_it():
 
 def test_the_direction_check_catches_a_core_module_that_imports_upwards():
     graph = {"sb3_ppo_scale.core.algorithm": {"sb3_ppo_scale.distributed", "sb3_ppo_scale.core.config"},
-             "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.overlap"},
+             "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.envpool"},
              "sb3_ppo_scale.core.config": {"sb3_ppo_scale.core.checks"},
              "sb3_ppo_scale.distributed": {"sb3_ppo_scale.core.config"}}
     assert _reaches_above_the_core(graph) == {"sb3_ppo_scale.core.algorithm": {"sb3_ppo_scale.distributed"},
-                                              "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.overlap"}}
+                                              "sb3_ppo_scale.core.update.step": {"sb3_ppo_scale.envs.envpool"}}
 
 
 def test_the_update_and_collection_parts_do_not_import_each_other():

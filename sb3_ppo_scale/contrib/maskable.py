@@ -76,17 +76,13 @@ class ScalableMaskablePPO(ScalableOnPolicyMixin, _CheckedMaskablePPO):
     identically with the defaults; plus every argument ScalablePPO adds (``grad_accum_steps``, ``buffer_device``,
     ``objective``, ``kl_coef`` ..., ``learning_rate="kl_adaptive"``, ``cuda_graphs``, ``compile_loss``,
     ``nonfinite``, ``collect_device``), documented on :class:`~sb3_ppo_scale.ScalablePPO`. Not supported, with a
-    clear error: ``overlap_collection`` (the EnvPool collector does not read masks) and a rollout buffer without
-    masks (the prioritized buffer with masks is :class:`~sb3_ppo_scale.MaskablePrioritizedRolloutBuffer`).
+    clear error: a rollout buffer without masks (the prioritized buffer with masks is :class:`~sb3_ppo_scale.MaskablePrioritizedRolloutBuffer`).
 
     ``learn(..., use_masking=False)`` and ``predict(..., action_masks=...)`` behave as MaskablePPO's; masks of the
     wrong size, or with a row that allows no action, raise ValueError naming the argument.
     """
 
     def _check_supported(self, config: ScaleConfig) -> None:
-        if config.overlap_collection:
-            raise ValueError("overlap_collection=True is not supported by ScalableMaskablePPO (the EnvPool collector "
-                             "does not read action masks); pass overlap_collection=False")
         buffer_class = self.rollout_buffer_class
         if buffer_class is not None and not issubclass(buffer_class, _MASK_BUFFERS):
             raise ValueError(f"rollout_buffer_class must store action masks (a subclass of MaskableRolloutBuffer or "

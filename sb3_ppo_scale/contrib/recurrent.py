@@ -209,7 +209,7 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
     grad_accum_steps`` with ``sequence_length``.
     Not supported, with a clear error: ``rollout_buffer_class`` / ``rollout_buffer_kwargs`` (a ``TypeError``, as
     RecurrentPPO's, saying so), ``cuda_graphs`` without ``sequence_length`` (padded shapes change with every
-    minibatch) or with ``batched_sequences``, ``overlap_collection`` and a ``collect_device`` other than the
+    minibatch) or with ``batched_sequences``, and a ``collect_device`` other than the
     policy's (collection carries LSTM states on the policy's device).
     """
 
@@ -238,9 +238,6 @@ class ScalableRecurrentPPO(ScalableOnPolicyMixin, RecurrentPPO):
                                  f"integer), got {value!r}; pass int({value!r})")
         if not isinstance(self.batched_sequences, bool):
             raise ValueError(f"batched_sequences must be True or False, got {self.batched_sequences!r}")
-        if config.overlap_collection:
-            raise ValueError("overlap_collection=True is not supported by ScalableRecurrentPPO (the EnvPool collector "
-                             "does not carry LSTM states); pass overlap_collection=False")
         if config.cuda_graphs and (self.sequence_length is None or self.batched_sequences):
             why = ("contrib's padded minibatch shapes change with every minibatch; pass sequence_length=L for "
                    "minibatches of one shape" if self.sequence_length is None else

@@ -3,7 +3,7 @@
 At the top: the public class (:mod:`~sb3_ppo_scale.core.ppo`), the algorithm mixin every Scalable class shares
 (:mod:`~sb3_ppo_scale.core.algorithm`), its configuration (:mod:`~sb3_ppo_scale.core.config`), the argument checks
 (:mod:`~sb3_ppo_scale.core.checks`, a leaf every part may use) and the hooks the layers above plug in
-(:mod:`~sb3_ppo_scale.core.extensions`: data parallelism, checkpoint loading, other collection loops).
+(:mod:`~sb3_ppo_scale.core.extensions`: data parallelism, checkpoint loading).
 
 - :mod:`sb3_ppo_scale.core.update`: one ``train()``: the rollout staged on the device, the minibatch loader, the
   objectives and the KL, the update step (accumulation, gradient clip, optimizer step), CUDA graphs, the compiled

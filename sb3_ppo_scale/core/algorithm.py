@@ -67,6 +67,12 @@ from sb3_ppo_scale.core.update.step import (
 from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop, update
 
 
+#: what ``overlap_collection=True`` says (the argument stays accepted: scripts and saved models set it)
+OVERLAP_REMOVED = ("overlap_collection=True is ignored: the double-buffered EnvPool collector was slower than the lean "
+                   "loop on EnvPool in every measurement (benchmarks/results/scale/scale.md) and was removed; collection "
+                   "runs the lean loop, and train --variant scale picks the fastest backend for this machine")
+
+
 def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
     """The on-policy algorithm class that ``cls`` puts the scale layer on (the first after the mixin in its MRO)."""
     mro = cls.__mro__
@@ -112,9 +118,9 @@ SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical mini
         as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
         a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect.device`).
         Saved with the model.
-    :param overlap_collection: on an EnvPool VecEnv, step one half of the envs while the policy runs on the other
-        (default False; see :mod:`sb3_ppo_scale.envs.overlap`: same data distribution as SB3's loop, other random
-        draws). Ignored for envs it does not support.
+    :param overlap_collection: accepted for scripts and saved models that set it, and ignored with a warning
+        (default False): the double-buffered EnvPool collector it switched on was slower than the lean loop on EnvPool
+        in every measurement and was removed (:data:`OVERLAP_REMOVED`).
     :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
         optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
         :data:`~sb3_ppo_scale.core.update.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
@@ -192,6 +198,8 @@ class ScalableOnPolicyMixin:
         self._config = ScaleConfig.of(self)
         self._buffer_device = self._config.validate(self.batch_size, self.normalize_advantage, self.device)
         self._check_supported(self._config)
+        if self.overlap_collection:
+            warnings.warn(OVERLAP_REMOVED, stacklevel=3)
         check_rollout_buffer_kwargs(self.rollout_buffer_class, self.rollout_buffer_kwargs)
         check_ppo_arguments(vars(self))
         check_net_arch(self.policy_kwargs, self.policy_class)
@@ -340,15 +348,8 @@ class ScalableOnPolicyMixin:
             return self._collect(env, callback, rollout_buffer, n_rollout_steps)
 
     def _collect(self, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
-        """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.collect.lean`), the double-buffered EnvPool
-        one with ``overlap_collection``, or the algorithm's own where the lean loop cannot promise its numbers."""
-        for switch, collector in EXTENSIONS.collectors.items():  # overlap_collection: sb3_ppo_scale.envs.overlap
-            if not getattr(self, switch, False):
-                continue
-            blocker = collector.blocker(self, env)
-            if blocker is None:
-                return collector.collect(self, env, callback, rollout_buffer, n_rollout_steps)
-            warnings.warn(f"{switch}=True: collecting without {collector.name}, because {blocker}", stacklevel=3)
+        """SB3's loop run lean (same rollout, see :mod:`sb3_ppo_scale.core.collect.lean`), or the algorithm's own where
+        the lean loop cannot promise its numbers."""
         if self._collects_lean():
             return self._collect_lean(env, callback, rollout_buffer, n_rollout_steps)
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)

@@ -6,8 +6,6 @@ class has them, whichever module a user imports first):
 - :class:`DataParallel`: how a model trains as one of several ranks (:mod:`sb3_ppo_scale.distributed`). Without a
   provider, or in a single process, :data:`SINGLE_PROCESS`.
 - :data:`CheckpointLoader`: ``ScalablePPO.load_checkpoint`` (:func:`sb3_ppo_scale.checkpoint.load_checkpoint`).
-- :class:`Collector`: a collection loop for envs the lean loop does not step, chosen by a boolean argument of the
-  model (``overlap_collection``: :mod:`sb3_ppo_scale.envs.overlap`).
 
 A test double or another backend can :func:`install` its own.
 """
@@ -15,7 +13,7 @@ A test double or another backend can :func:`install` its own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch as th
@@ -73,41 +71,23 @@ SINGLE_PROCESS = SingleProcess()
 CheckpointLoader = Callable[..., Any]
 
 
-@dataclass(frozen=True)
-class Collector:
-    """A collection loop the model runs instead of the lean one when its switch (a model attribute) is on.
-
-    :param name: what the loop does, for the warning when it steps aside ("collecting without <name>").
-    :param blocker: ``(model, env) -> str | None``: why this loop cannot collect from ``env``, or None.
-    :param collect: ``(model, env, callback, rollout_buffer, n_rollout_steps) -> bool``, the contract of SB3's
-        ``collect_rollouts``.
-    """
-
-    name: str
-    blocker: Callable[[Any, Any], str | None]
-    collect: Callable[[Any, Any, Any, Any, int], bool]
-
-
 @dataclass
 class Extensions:
     """The providers in force (see the module docstring)."""
 
     data_parallel: DataParallel = SINGLE_PROCESS
     checkpoint_loader: CheckpointLoader | None = None
-    collectors: dict[str, Collector] = field(default_factory=dict)  # by the model attribute that switches them on
 
 
 EXTENSIONS = Extensions()
 
 
-def install(data_parallel: DataParallel | None = None, checkpoint_loader: CheckpointLoader | None = None,
-            collectors: dict[str, Collector] | None = None) -> None:
-    """Install providers (each argument given replaces the one in force; collectors are added by switch name)."""
+def install(data_parallel: DataParallel | None = None, checkpoint_loader: CheckpointLoader | None = None) -> None:
+    """Install providers (each argument given replaces the one in force)."""
     if data_parallel is not None:
         EXTENSIONS.data_parallel = data_parallel
     if checkpoint_loader is not None:
         EXTENSIONS.checkpoint_loader = checkpoint_loader
-    EXTENSIONS.collectors.update(collectors or {})
 
 
 def load_checkpoint(path: Any, env: Any, device: Any, cls: type, **kwargs: Any) -> Any:

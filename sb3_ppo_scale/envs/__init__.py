@@ -12,7 +12,6 @@ per process, observations in shared memory, with SB3's episode contract.
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv, make_envpool_vec_env
 from sb3_ppo_scale.envs.episodes import EpisodeState
 from sb3_ppo_scale.envs.processes import EnvWorkerError, ProcessVecEnv, default_workers, make_process_vec_env
-from sb3_ppo_scale.envs.overlap import collect_rollouts_overlapped, overlap_supported
 from sb3_ppo_scale.envs.scale import ScalePlan, make_scale_vec_env, plan_scale
 from sb3_ppo_scale.envs.tasks import ATARI_SB3_SETTINGS, ENVPOOL_EXTRA_HINT, resolve_task
 
@@ -24,12 +23,10 @@ __all__ = [
     "EpisodeState",
     "ProcessVecEnv",
     "ScalePlan",
-    "collect_rollouts_overlapped",
     "default_workers",
     "make_envpool_vec_env",
     "make_process_vec_env",
     "make_scale_vec_env",
-    "overlap_supported",
     "plan_scale",
     "resolve_task",
 ]
