@@ -66,6 +66,7 @@ from stable_baselines3.common.vec_env import SubprocVecEnv, VecEnv, VecEnvWrappe
 
 from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes, vec_layers
+from sb3_ppo_scale.envs.processes import ProcessVecEnv
 
 #: Format version of the checkpoint dict (a checkpoint of another version is refused with a clear error).
 CHECKPOINT_VERSION = 1
@@ -240,8 +241,9 @@ def capture_env_side(model: BaseAlgorithm) -> dict[str, Any]:
 
 
 def _in_worker_processes(env: VecEnv | None) -> bool:
-    """Whether ``env``'s envs run in a ``SubprocVecEnv``'s workers (which a signal to the process group also ends)."""
-    return env is not None and isinstance(vec_layers(env)[-1], SubprocVecEnv)
+    """Whether ``env``'s envs run in worker processes (a ``SubprocVecEnv``'s or a ``ProcessVecEnv``'s), which a signal
+    to the process group also ends."""
+    return env is not None and isinstance(vec_layers(env)[-1], (SubprocVecEnv, ProcessVecEnv))
 
 
 def _episodes(env: VecEnv | None) -> dict[str, Any]:
@@ -711,6 +713,7 @@ def learn_resumable(model: BaseAlgorithm, total_timesteps: int | None, checkpoin
                                 checkpoint.written[-1] if checkpoint.written else None) from None
     finally:
         _RESUMED.pop(model, None)
+        checkpoint._restore_handlers()  # learn() raised before _on_training_end: the process's handlers come back
     if checkpoint.preempted:
         raise TrainingPreempted(checkpoint.path, checkpoint.signal_name or "a signal",
                                 checkpoint.written[-1] if checkpoint.written else model.num_timesteps)

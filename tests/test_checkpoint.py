@@ -673,3 +673,19 @@ def test_subproc_envs_without_episode_state_restart_and_say_how_to_keep_them(tmp
                                      "processes; wrap each, outermost, in EpisodeState)"]
     model.env.close()
     resumed.env.close()
+
+
+def test_signal_handlers_are_put_back_when_learn_raises(tmp_path: Path) -> None:
+    """A run that fails (an env worker died, a callback raised) leaves the process's own SIGTERM handler in place; a
+    forked env worker inherited the checkpoint's handler and survived SIGTERM before."""
+
+    class Boom(BaseCallback):
+        def _on_step(self) -> bool:
+            raise RuntimeError("boom")
+
+    before = signal.getsignal(signal.SIGTERM)
+    model = ScalablePPO("MlpPolicy", make_env(), n_steps=EPISODE, batch_size=16, n_epochs=1, seed=0, device="cpu",
+                        policy_kwargs={"net_arch": [8]})
+    with pytest.raises(RuntimeError, match="boom"):
+        learn_resumable(model, 256, ResumableCheckpoint(tmp_path / "c.pt", signals=(signal.SIGTERM,)), callback=Boom())
+    assert signal.getsignal(signal.SIGTERM) is before
