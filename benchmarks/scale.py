@@ -8,7 +8,8 @@
            - ``scalable``: ScalablePPO with everything the scale plan turns on (``sb3_ppo_scale.envs.plan_scale``:
              EnvPool on every core, one torch thread for collection, every core for ``train()``, CUDA and graphs
              on a GPU box);
-           - ``scalable_overlap``: the same with ``overlap_collection=True`` (the double-buffered EnvPool collector);
+           - ``scalable_processes``: the same plan on ``ProcessVecEnv`` (worker processes, shared-memory observations:
+             the backend for envs EnvPool does not have);
            - ``sbx``: SBX's PPO (JAX) on the fast backend, where installed (``pip install -e ".[bench]"``).
 
            Each run is a fresh process pinned to cores ``0 .. k-1`` (all its threads), SB3 and SBX with one torch /
@@ -50,7 +51,7 @@ from benchmarks.end_to_end import header, mujoco_step_us  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scale"
-VARIANTS = ("sb3_dummy", "sb3_fast", "scalable", "scalable_overlap", "sbx")
+VARIANTS = ("sb3_dummy", "sb3_fast", "scalable", "scalable_processes", "sbx")
 BASELINE = "sb3_dummy"
 #: the config of every row: the large-batch shape (@gpu_const's hyperparameters)
 CONFIG: dict[str, Any] = {"n_steps": 256, "batch_size": 2048, "n_epochs": 10, "learning_rate": 1e-3}
@@ -82,11 +83,11 @@ def build(variant: str, task: str, cores: int, device: str, seed: int = 0) -> An
                    **CONFIG)
     if variant == "sb3_fast":
         return PPO("MlpPolicy", _envpool_env(task, cores, seed), seed=seed, device=device, **CONFIG)
-    if variant in ("scalable", "scalable_overlap"):
-        plan = plan_scale(task, N_ENVS, cores=cores, device=device)
+    if variant in ("scalable", "scalable_processes"):
+        backend = "processes" if variant == "scalable_processes" else None
+        plan = plan_scale(task, N_ENVS, cores=cores, device=device, backend=backend)
         env, plan = make_scale_vec_env(task, plan=plan, seed=seed, verbose=0)
-        return ScalablePPO("MlpPolicy", VecNormalize(env), seed=seed, overlap_collection=variant == "scalable_overlap",
-                           **plan.model_kwargs(), **CONFIG)
+        return ScalablePPO("MlpPolicy", VecNormalize(env), seed=seed, **plan.model_kwargs(), **CONFIG)
     from sbx import PPO as SBXPPO
 
     return SBXPPO("MlpPolicy", _envpool_env(task, cores, seed), seed=seed, **CONFIG)
@@ -141,14 +142,13 @@ def run_pinned(variant: str, task: str, cores: int, device: str, rollouts: int) 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def variants_here(wanted: list[str], device: str) -> list[str]:
-    """The variants this box can run: SBX where installed, the overlapped collector on the CPU only."""
-    out = [v for v in wanted if v != "sbx" or importlib.util.find_spec("sbx") is not None]
-    return [v for v in out if v != "scalable_overlap" or device == "cpu"]
+def variants_here(wanted: list[str]) -> list[str]:
+    """The variants this box can run: SBX where installed."""
+    return [v for v in wanted if v != "sbx" or importlib.util.find_spec("sbx") is not None]
 
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> None:
-    variants = variants_here(args.variants, args.device)
+    variants = variants_here(args.variants)
     results: dict[str, Any] = {"device": args.device, "runs": {}}
     for task in args.tasks:
         for cores in args.cores:
@@ -226,7 +226,8 @@ def write_report(out: Path) -> None:
                  "", *scale_rows(other)]
     model = _load(out / "cost_model.json")
     if model is not None:
-        text += ["", "## What the cost model predicts", "", *prediction_rows(model)]
+        text += ["", "## What the cost model predicts (cost_model.md)", "", *prediction_rows(model)]
+        write_cost_model(model, out)
     (out / "scale.md").write_text("\n".join(text) + "\n")
     plot(results, out / "scale.png")
     print("\n".join(text))
@@ -243,7 +244,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for ax, task in zip(axes[0], tasks):
         keys = sorted((k for k in results["runs"] if k.startswith(task + "|")), key=lambda k: int(k.split("|")[1]))
         cores = [int(k.split("|")[1]) for k in keys]
-        for variant in VARIANTS:
+        for variant in dict.fromkeys(v for k in keys for v in results["runs"][k]):  # every variant the runs have
             rates = [statistics.median(_rate(r) for r in results["runs"][k][variant])
                      for k in keys if variant in results["runs"][k]]
             if len(rates) == len(keys):
@@ -387,9 +388,15 @@ def model_command(args: argparse.Namespace, argv: list[str]) -> None:
                                 script="scale.py")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cost_model.json").write_text(json.dumps(measured, indent=1))
-    text = [*measured["header"], *stage_rows(measured), "", "## What the stages predict", "", *prediction_rows(measured)]
-    (args.out / "cost_model.md").write_text("\n".join(text) + "\n")
-    print("\n".join(text))
+    print(write_cost_model(measured, args.out))
+
+
+def write_cost_model(measured: dict[str, Any], out: Path) -> str:
+    """``cost_model.md`` from the measured stages (the ``model`` command's, or ``cost_model.json``'s)."""
+    text = "\n".join([*measured["header"], *stage_rows(measured), "", "## What the stages predict", "",
+                      *prediction_rows(measured)]) + "\n"
+    (out / "cost_model.md").write_text(text)
+    return text
 
 
 MODEL_NOTE = ("Each stage timed alone on this box, one torch thread unless stated, microseconds per env step (the "

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "end_to_end.py"
 
 
@@ -124,3 +126,31 @@ def test_episode_capture_benchmark_writes_its_table(tmp_path: Path) -> None:
                            "1", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| cartpole_8envs: CartPole-v1, 8 env(s) x 256 steps | " in (tmp_path / "episode_capture.md").read_text()
+
+
+def test_scale_report_rebuilds_the_committed_tables(tmp_path: Path) -> None:
+    """``benchmarks/scale.py report`` rebuilds scale.md and cost_model.md from the committed JSON files."""
+    import shutil
+
+    committed = SCRIPT.parent / "results" / "scale"
+    for name in ("scale.json", "cost_model.json"):
+        shutil.copy(committed / name, tmp_path / name)
+    result = subprocess.run([sys.executable, str(SCRIPT.parent / "scale.py"), "report", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("scale.md", "cost_model.md"):
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), name
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
+
+
+def test_scale_cost_model_arithmetic() -> None:
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    from benchmarks.scale import gpu_update_us, predict
+
+    stage = {"env_us": {"1": 100.0, "2": 50.0}, "policy_us": 2.0, "vec_normalize_us": {"64": {"lean": 1.0}},
+             "update_us": {"1": 30.0, "2": 20.0}}
+    assert predict(stage, 1, 2) == pytest.approx(1e6 / (100 + 3 + 30))
+    # env threads at full efficiency (100 / 50 on 2), the update 2/3 parallel (30 -> 20 on 2: 10 + 20 / 16 on 16)
+    assert predict(stage, 16, 2) == pytest.approx(1e6 / (100 / 16 + 3 + 10 + 20 / 16))
+    assert predict(stage, 16, 2, gpu_update_us=1.0) == pytest.approx(1e6 / (100 / 16 + 3 + 1))
+    assert 1.0 < gpu_update_us() < 10.0  # the H200's committed train() figures, 10 epochs per sample

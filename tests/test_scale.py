@@ -72,6 +72,8 @@ def test_on_cuda_small_env_counts_collect_on_a_cpu_copy(cuda: None) -> None:
     ({"n_envs": 2.5}, r"n_envs must be None \(the plan picks\) or an int >= 1, got 2.5"),
     ({"cores": 0}, r"cores must be None \(this process's cores\) or an int >= 1, got 0"),
     ({"device": "tpu"}, r"device must be 'auto', 'cpu' or 'cuda', got 'tpu'"),
+    ({"backend": "threads"}, r"backend must be None \(the plan picks\) or one of 'envpool', 'processes', 'dummy', "
+                             r"got 'threads'"),
 ])
 def test_bad_plan_arguments_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -92,6 +94,20 @@ def test_the_vec_env_is_the_plans_and_the_plan_is_printed(capsys: pytest.Capture
     assert th.get_num_threads() == 1  # collection's threads
     assert capsys.readouterr().out.startswith("scale plan for Hopper-v5 on 2 core(s):\n  envs: 8 on envpool with 2")
     env.close()
+
+
+def test_a_backend_asked_for_is_built(no_envpool: None) -> None:
+    from sb3_ppo_scale.envs import ProcessVecEnv
+
+    plan = plan_scale("Pendulum-v1", 4, cores=2, backend="processes")
+    assert "backend='processes' asked for: 2 worker processes step 2 envs each" in plan.reasons
+    env, _ = make_scale_vec_env("Pendulum-v1", plan=plan, verbose=0)
+    try:
+        assert type(env) is ProcessVecEnv and env.num_envs == 4 and env.n_workers == 2
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="backend='envpool' but EnvPool is not installed"):
+        plan_scale("Pendulum-v1", 4, backend="envpool")
 
 
 def test_one_core_builds_sb3s_dummy_vec_env(no_envpool: None) -> None:

@@ -20,7 +20,6 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +28,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.core.checks import is_int
+from sb3_ppo_scale.envs.processes import available_cores, default_workers, make_process_vec_env
 from sb3_ppo_scale.envs.tasks import resolve_task
 
 #: the env backends a plan may name, fastest first
@@ -39,11 +39,6 @@ MIN_ENVS_PER_CORE = 4
 DEFAULT_N_ENVS = 64
 #: at or below this many envs, collection on CUDA runs a CPU copy of the policy (measured on the H200)
 CPU_COLLECTION_MAX_ENVS = 8
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask: what ``taskset`` or a container allows)."""
-    return len(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)
@@ -104,47 +99,52 @@ def _envpool_has(env_id: str) -> str | None:
     return None
 
 
-def _workers_for(n_envs: int, cores: int) -> int:
-    """The most worker processes, at most one per core, that split ``n_envs`` evenly."""
-    return max(w for w in range(1, min(cores, n_envs) + 1) if n_envs % w == 0)
-
-
-def _check_plan_arguments(n_envs: int | None, cores: int | None, device: str) -> None:
+def _check_plan_arguments(n_envs: int | None, cores: int | None, device: str, backend: str | None) -> None:
     if n_envs is not None and (not is_int(n_envs) or n_envs < 1):
         raise ValueError(f"n_envs must be None (the plan picks) or an int >= 1, got {n_envs!r}")
     if cores is not None and (not is_int(cores) or cores < 1):
         raise ValueError(f"cores must be None (this process's cores) or an int >= 1, got {cores!r}")
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be None (the plan picks) or one of {', '.join(map(repr, BACKENDS))}, "
+                         f"got {backend!r}")
     if device == "cuda" and not th.cuda.is_available():
         raise ValueError("device='cuda' but torch sees no CUDA device here; pass device='auto' or 'cpu'")
 
 
-def plan_scale(env_id: str, n_envs: int | None = None, cores: int | None = None, device: str = "auto") -> ScalePlan:
+def _pick_backend(env_id: str, n_envs: int, cores: int, asked: str | None) -> tuple[str, int, str]:
+    """(backend, env threads or workers, why): ``asked`` if given, else EnvPool, processes or DummyVecEnv by the rules."""
+    missing = _envpool_has(env_id) if asked in (None, "envpool") else f"backend={asked!r} asked for"
+    if missing is None:
+        return "envpool", cores, f"EnvPool has {env_id}: its C++ threads step the envs on all {cores} core(s)"
+    if asked == "envpool":
+        raise ValueError(f"backend='envpool' but {missing}")
+    if asked == "processes" or (asked is None and cores > 1 and n_envs > 1):
+        workers = default_workers(n_envs, cores)
+        return "processes", workers, f"{missing}: {workers} worker processes step {n_envs // workers} envs each"
+    return "dummy", 1, f"{missing}{'' if asked else '; one core or one env'}: SB3's DummyVecEnv in this process"
+
+
+def plan_scale(env_id: str, n_envs: int | None = None, cores: int | None = None, device: str = "auto",
+               backend: str | None = None) -> ScalePlan:
     """The plan for ``env_id`` on this machine (see the module docstring for the rules).
 
     :param n_envs: envs per rollout step (default: :data:`DEFAULT_N_ENVS`, raised to
         :data:`MIN_ENVS_PER_CORE` per core).
     :param cores: cores to plan for (default: :func:`available_cores`).
     :param device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
+    :param backend: None (the rules pick), or one of :data:`BACKENDS` to compare backends on the same plan.
     :raises ValueError: a bad argument (named), or ``device="cuda"`` without CUDA.
     """
-    _check_plan_arguments(n_envs, cores, device)
+    _check_plan_arguments(n_envs, cores, device, backend)
     cores = cores or available_cores()
     reasons = []
     if n_envs is None:
         n_envs = max(DEFAULT_N_ENVS, MIN_ENVS_PER_CORE * cores)
         reasons.append(f"{n_envs} envs: the default {DEFAULT_N_ENVS}, at least {MIN_ENVS_PER_CORE} per core")
-    missing = _envpool_has(env_id)
-    if missing is None:
-        backend, workers = "envpool", cores
-        reasons.append(f"EnvPool has {env_id}: its C++ threads step the envs on all {cores} core(s)")
-    elif cores > 1 and n_envs > 1:
-        backend, workers = "processes", _workers_for(n_envs, cores)
-        reasons.append(f"{missing}: {workers} worker processes step {n_envs // workers} envs each")
-    else:
-        backend, workers = "dummy", 1
-        reasons.append(f"{missing}; one core or one env: SB3's DummyVecEnv in this process")
+    backend, workers, why = _pick_backend(env_id, n_envs, cores, backend)
+    reasons.append(why)
     use_cuda = device == "cuda" or (device == "auto" and th.cuda.is_available())
     collect_device = "cpu" if use_cuda and n_envs <= CPU_COLLECTION_MAX_ENVS else "auto"
     if use_cuda:
@@ -171,8 +171,6 @@ def make_scale_vec_env(env_id: str, n_envs: int | None = None, seed: int = 0, pl
 
         env: VecEnv = make_envpool_vec_env(env_id, plan.n_envs, seed, num_threads=plan.env_workers, **env_kwargs)
     elif plan.backend == "processes":
-        from sb3_ppo_scale.envs.processes import make_process_vec_env
-
         env = make_process_vec_env(env_id, plan.n_envs, n_workers=plan.env_workers, seed=seed, env_kwargs=env_kwargs)
     else:
         env = make_vec_env(env_id, n_envs=plan.n_envs, seed=seed, env_kwargs=env_kwargs)
