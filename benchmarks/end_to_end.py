@@ -167,8 +167,8 @@ def algos_for(config: str, wanted: list[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------- learn
-def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
-    """One learn() run in this process: one rollout untimed, then ``rollouts`` timed; times split by phase."""
+def phase_timer() -> Any:
+    """A callback that adds up the seconds spent collecting (``collect_s``); the rest of ``learn()`` is the update."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class PhaseTimer(BaseCallback):
@@ -185,12 +185,17 @@ def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
         def _on_step(self) -> bool:
             return True
 
+    return PhaseTimer()
+
+
+def run_once(algo: str, config: str, seed: int) -> dict[str, float]:
+    """One learn() run in this process: one rollout untimed, then ``rollouts`` timed; times split by phase."""
     _filter_known_warnings()
     model = build_model(algo, config, seed)
     rollout = model.n_steps * model.n_envs
     timed_rollouts = CONFIGS[config][3]
     model.learn(rollout)  # untimed: jit / compile warm-up
-    timer = PhaseTimer()
+    timer = phase_timer()
     start, steps_before, faults_before = time.perf_counter(), model.num_timesteps, _minor_page_faults()
     cpu_before = time.process_time()
     model.learn(timed_rollouts * rollout, callback=timer, reset_num_timesteps=False)

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.end_to_end import header, mujoco_step_us  # noqa: E402
+from benchmarks.end_to_end import header, mujoco_step_us, phase_timer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scale"
@@ -95,29 +95,13 @@ def build(variant: str, task: str, cores: int, device: str, seed: int = 0) -> An
 
 def run_once(variant: str, task: str, cores: int, device: str, rollouts: int) -> dict[str, float]:
     """One ``learn()`` run in this process: one rollout untimed, then ``rollouts`` timed, split by phase."""
-    from stable_baselines3.common.callbacks import BaseCallback
-
     from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
-
-    class PhaseTimer(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.collect_s, self.started = 0.0, 0.0
-
-        def _on_rollout_start(self) -> None:
-            self.started = time.perf_counter()
-
-        def _on_rollout_end(self) -> None:
-            self.collect_s += time.perf_counter() - self.started
-
-        def _on_step(self) -> bool:
-            return True
 
     filter_known_warnings()
     model = build(variant, task, cores, device)
     rollout = model.n_steps * model.n_envs
     model.learn(rollout)  # untimed: warm-up (SBX's jit, CUDA graph capture)
-    timer = PhaseTimer()
+    timer = phase_timer()
     start, steps_before, cpu_before = time.perf_counter(), model.num_timesteps, time.process_time()
     model.learn(rollouts * rollout, callback=timer, reset_num_timesteps=False)
     wall = time.perf_counter() - start
