@@ -6,12 +6,13 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
 
 - **env backend**: EnvPool when it is installed and has the task (C++ threads, no GIL); else, with two or more cores,
   :func:`~sb3_ppo_scale.envs.processes.make_process_vec_env` (several envs per worker process, observations in
-  shared memory); else SB3's ``DummyVecEnv``. Every one of them keeps SB3's episode-end contract.
+  shared memory; on 2 cores it collected no faster than ``DummyVecEnv``: it is meant for boxes with cores to spare);
+  else SB3's ``DummyVecEnv``. Every one of them keeps SB3's episode-end contract.
 - **env threads / workers**: every core. The envs step while the policy waits, and the policy waits while they step:
   collection has one thing to do at a time, so the envs get all the cores.
 - **torch threads**: one during collection (a small policy call per step; more threads only contend with the env
-  threads: on the 2-core box collection took 1.4-1.7x as long with two), every core during ``train()``
-  (``update_threads``; its minibatches of thousands of samples ran 1.4x faster on two threads than on one).
+  threads), every core during ``train()`` (``update_threads``: minibatches of 2048 samples ran 1.2-1.7x faster per
+  sample on two threads than on one, benchmarks/results/scale/cost_model.md).
 - **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.4-8x SB3's ``train()`` on the H200),
   else the CPU. With 8 envs or fewer on CUDA, collection runs a CPU copy of the policy (``collect_device="cpu"``:
   2.24x SB3's GPU loop at 1 env and 1.82x at 8 on the H200, but 0.85x at 64, where the GPU step wins).
@@ -31,7 +32,7 @@ from sb3_ppo_scale.core.checks import is_int
 from sb3_ppo_scale.envs.processes import available_cores, default_workers, make_process_vec_env
 from sb3_ppo_scale.envs.tasks import resolve_task
 
-#: the env backends a plan may name, fastest first
+#: the env backends a plan may name, in the order the rules prefer them
 BACKENDS = ("envpool", "processes", "dummy")
 #: envs per core below which env threads run out of work while the policy runs
 MIN_ENVS_PER_CORE = 4
