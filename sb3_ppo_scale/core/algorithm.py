@@ -42,16 +42,17 @@ from sb3_ppo_scale.core.checks import (
     plain_number,
 )
 from sb3_ppo_scale.core.collect.device import CollectionPolicy, collecting_on, resolve_collect_device
-from sb3_ppo_scale.core.update.compiled import compiled_ppo_loss
+from sb3_ppo_scale.core.collect.graphed_step import InferenceGraphs
+from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean, lean_blocker
 from sb3_ppo_scale.core.config import ScaleConfig
+from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop, update
 from sb3_ppo_scale.core.extensions import EXTENSIONS, load_checkpoint
 from sb3_ppo_scale.core.policy.evaluation import Evaluator, FusedEvaluator, evaluate_actions
+from sb3_ppo_scale.core.policy.inference import PolicyParts
+from sb3_ppo_scale.core.update.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.update.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.update.guard import NonFiniteGuard
-from sb3_ppo_scale.core.policy.inference import PolicyParts
-from sb3_ppo_scale.core.collect.graphed_step import InferenceGraphs
 from sb3_ppo_scale.core.update.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
-from sb3_ppo_scale.core.collect.lean import collect_rollouts_lean, lean_blocker
 from sb3_ppo_scale.core.update.lr import KLAdaptiveLR, resolve_learning_rate
 from sb3_ppo_scale.core.update.objectives import LossSettings, Objective, TrainStats, ppo_loss
 from sb3_ppo_scale.core.update.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
@@ -64,7 +65,6 @@ from sb3_ppo_scale.core.update.step import (
     distribution_validation,
     torch_threads,
 )
-from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop, update
 
 
 #: what ``overlap_collection=True`` says (the argument stays accepted: scripts and saved models set it)
