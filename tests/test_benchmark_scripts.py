@@ -154,3 +154,21 @@ def test_scale_cost_model_arithmetic() -> None:
     assert predict(stage, 16, 2) == pytest.approx(1e6 / (100 / 16 + 3 + 10 + 20 / 16))
     assert predict(stage, 16, 2, gpu_update_us=1.0) == pytest.approx(1e6 / (100 / 16 + 3 + 1))
     assert 1.0 < gpu_update_us() < 10.0  # the H200's committed train() figures, 10 epochs per sample
+
+
+def test_kl_vs_clip_runs_record_curves_and_the_report_names_the_setting_the_paper_lacks(tmp_path: Path) -> None:
+    script = SCRIPT.parent / "kl_vs_clip.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    common = ["--out", str(tmp_path), "--tasks", "InvertedPendulum-v5"]
+    for argv in (["run", "--steps", "2048", "--seeds", "1", "--workers", "1"], ["report"]):
+        result = subprocess.run([sys.executable, str(script), *argv, *common], env=env, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    runs = [json.loads(path.read_text()) for path in (tmp_path / "runs").glob("*.json")]
+    assert len(runs) == 12 and all(run["steps"] == 2048 for run in runs)
+    steps = [point[0] for point in runs[0]["curve"]]
+    assert steps and steps == sorted(steps) and steps[-1] <= 2048 and all(point[2] >= 1 for point in runs[0]["curve"])
+    table = (tmp_path / "kl_vs_clip.md").read_text()
+    assert "| clip eps=0.2 + adaptive KL d_targ=0.01 |" in table and "| not in the paper |" in table
