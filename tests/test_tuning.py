@@ -378,7 +378,11 @@ def test_three_seed_study_with_dummy_and_noise_repeats_end_to_end(tmp_path: Path
     study.set_user_attr("planned_trials", 9)
     assert report_command(journal, tmp_path / "d", n_bootstrap=0) == 0
     assert "is flagged: unfinished (5/9 trials, 2/2 noise repeats)" in capsys.readouterr().out
-    assert "### Pendulum-v1 (`tiny:Pendulum-v1`) - UNFINISHED" in (tmp_path / "d" / "report.md").read_text()
+    unfinished = (tmp_path / "d" / "report.md").read_text()
+    assert "### Pendulum-v1 (`tiny:Pendulum-v1`) - UNFINISHED" in unfinished
+    newest = max(t.datetime_complete for t in study.get_trials() if t.datetime_complete is not None)
+    assert (f"Produced by `sb3-ppo-scale report SPEC_OR_STUDY ...` over the studies below (a spec, or the storage that "
+            f"holds them), from trials completed up to {newest:%Y-%m-%d}.") in unfinished  # the data's day
     assert json.loads((tmp_path / "d" / "importance.json").read_text())["tiny:Pendulum-v1"]["unfinished"] is True
 
     # Decay repeats added to the finished study (the spec raised later): each trains its noise repeat's seeds with the

@@ -140,6 +140,13 @@ def report_command(source: str | list[str], out: str | Path | None = None, stora
     return 0
 
 
+def _last_trial_date(results: list[StudyResult]) -> str:
+    """The day the newest complete trial of the reported studies finished (a fixed study gives the same day)."""
+    finished = [t.datetime_complete for r in results for t in [*r.trials, *r.noise_trials, *r.decay_trials]
+                if t.datetime_complete is not None]
+    return max(finished).strftime("%Y-%m-%d") if finished else "no complete trial"
+
+
 def default_out(sources: str | list[str]) -> Path:
     """``tune_results/reports/<name>``: the spec's or journal's file name without suffix (``rdb`` for a URL); several
     sources: their names joined by ``+``."""
@@ -548,7 +555,9 @@ def legend(results: list[StudyResult], n_bootstrap: int) -> list[str]:
 
 
 def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> None:
-    """Write report.md, importance.json, importance.png, slices_<label>.png and trials_<label>.csv into ``out``."""
+    """Write report.md, importance.json, importance.png, slices_<label>.png and trials_<label>.csv into ``out``;
+    report.md names the command that rebuilds it and the day of the newest trial (the same for any source that
+    holds the same studies, so a fixed study still gives byte-identical files)."""
     out.mkdir(parents=True, exist_ok=True)
     labels = {}
     for r in results:
@@ -561,6 +570,8 @@ def write_report(out: Path, results: list[StudyResult], n_bootstrap: int) -> Non
                    r.trials, {p: labels[p] for p in r.params}, log_axes, r.noise_trials)
         (out / f"trials_{_slug(r.label)}.csv").write_text(trials_csv(r))
     lines = ["# PPO hyperparameter sensitivity: measured beside the documented table", "",
+             f"Produced by `sb3-ppo-scale report SPEC_OR_STUDY ...` over the studies below (a spec, or the storage that "
+             f"holds them), from trials completed up to {_last_trial_date(results)}.", "",
              "Documented = the seed post's table (grid search claimed, no data). Ours = Optuna importance over complete "
              f"sampled trials of the studies below, objective `{results[0].objective}`.", "",
              *legend(results, n_bootstrap), "", "## Verdicts", "", *side_by_side(results), "",
