@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -146,6 +147,9 @@ def test_box_conditions_are_recorded_and_summarised() -> None:
     assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us" in line
     assert "1 older runs did not record it" in line
     assert "not recorded" in bench._box_line([{"task": "T"}])
+    assert box["date"] == time.strftime("%Y-%m-%d", time.gmtime())
+    dated = [{"task": "T", "box": {**run["box"], "date": day}} for run, day in zip(runs, ("2026-12-01", "2026-12-04"))]
+    assert bench._box_line(dated).startswith("Runs started 2026-12-01 to 2026-12-04. Each run: one process")
 
 
 def test_final_returns_are_compared_without_a_misleading_ratio_when_negative() -> None:

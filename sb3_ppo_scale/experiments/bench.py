@@ -223,8 +223,8 @@ def recorded_hyperparams(config: Any, dropped: list[str]) -> dict[str, Any]:
 
 
 def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]:
-    """What the box was doing when a run started: its cores, the runs at once (``workers``), the 1-minute load
-    average, and the task's raw env step cost (``gym.make(task)``, one env, random actions, mean over ``steps``
+    """What the box was doing when a run started: the day (UTC), its cores, the runs at once (``workers``), the
+    1-minute load average, and the task's raw env step cost (``gym.make(task)``, one env, random actions, mean over ``steps``
     steps, in microseconds; None where Gymnasium does not know ``task``), so absolute times from different boxes
     can be compared."""
     import os
@@ -242,7 +242,8 @@ def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]
         env.close()
     except gym.error.Error:
         step_us = None
-    return {"cores": os.cpu_count(), "workers": workers, "load_avg_1min": os.getloadavg()[0], "env_step_us": step_us}
+    return {"cores": os.cpu_count(), "workers": workers, "load_avg_1min": os.getloadavg()[0], "env_step_us": step_us,
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def _box_line(results: list[dict[str, Any]]) -> str:
@@ -257,7 +258,9 @@ def _box_line(results: list[dict[str, Any]]) -> str:
         if r.get("box", {}).get("env_step_us") is not None:
             steps.setdefault(r["task"], []).append(r["box"]["env_step_us"])
     step_text = "; ".join(f"{task} {np.median(us):.0f} us" for task, us in steps.items()) or "n/a"
-    return (f"Each run: one process, `torch.set_num_threads(1)`, {max(b['workers'] for b in boxes)} at a time on a "
+    days = sorted({b["date"] for b in boxes if "date" in b})
+    started = f"Runs started {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "") + ". " if days else ""
+    return (f"{started}Each run: one process, `torch.set_num_threads(1)`, {max(b['workers'] for b in boxes)} at a time on a "
             f"{boxes[0]['cores']}-core box; 1-minute load average as runs started: {min(loads):.1f}-{max(loads):.1f} "
             f"(a load near the runs at a time: nothing else ran)" + (f"; {older} older runs did not record it" if older
             else "") + f". Raw env step (gym.make, one env, random actions; median over runs): {step_text}.")
