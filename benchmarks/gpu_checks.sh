@@ -67,6 +67,12 @@ if [ -n "${COLLECT:-}" ]; then
 fi
 if [ -n "${SCALE:-}" ]; then
   all=$(nproc)
+  if ! "$PY" -c "import envpool" 2>/dev/null && [ -f .whl/envpool_slim.tar.xz ]; then
+    # EnvPool's slim build (../shared/device/envpool_slim.sh): its MuJoCo, Atari and classic-control parts and assets
+    mkdir -p /tmp/envpool_site && tar -xJf .whl/envpool_slim.tar.xz -C /tmp/envpool_site \
+      && tar -xJf .whl/envpool_assets_slim.tar.xz -C /tmp \
+      && export PYTHONPATH="/tmp/envpool_site:${PYTHONPATH:-}" ENVPOOL_ASSETS_PATH=/tmp/envpool_assets_slim
+  fi
   mkdir -p "$OUT/scale"
   timeout "${SCALE_MODEL_TIMEOUT:-150}" "$PY" benchmarks/scale.py model --tasks Hopper-v5 --out "$OUT/scale" 2>&1 \
     | grep -v USDT | tee "$OUT/scale_model.log" | tail -6
