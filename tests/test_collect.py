@@ -12,7 +12,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
 from sb3_ppo_scale.core.collect import device as collect
-from tests.helpers import assert_identical, import_envpool
+from tests.helpers import assert_identical
 
 SMALL = dict(n_steps=64, batch_size=32, n_epochs=2, device="cpu", seed=0)
 
