@@ -13,8 +13,8 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
 - **torch threads**: one during collection (a small policy call per step; more threads only contend with the env
   threads), every core during ``train()`` (``update_threads``: minibatches of 2048 samples ran 1.2-1.7x faster per
   sample on two threads than on one, benchmarks/results/scale/cost_model.md).
-- **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.4-8x SB3's ``train()`` on the H200),
-  else the CPU. With 8 envs or fewer on CUDA, collection runs a CPU copy of the policy (``collect_device="cpu"``:
+- **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.9-14x SB3's ``train()`` on the H200,
+  benchmarks/results/train_phase_cuda.md), else the CPU. With 8 envs or fewer on CUDA, collection runs a CPU copy of the policy (``collect_device="cpu"``:
   2.24x SB3's GPU loop at 1 env and 1.82x at 8 on the H200, but 0.85x at 64, where the GPU step wins).
 - **env count**: what the config asks for, else 64 (and at least 4 per core, so every env thread has a queue).
 """
