@@ -57,3 +57,10 @@ def test_performance_profile_png(tmp_path: Path) -> None:
     scores = {"ours": np.array([[0.9, 0.8], [1.0, 0.7]]), "theirs": np.array([[0.5, 0.4], [0.6, 0.2]])}
     path = intervals.performance_profile_png(scores, tmp_path / "profile.png", "normalised score", "a test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_ratio_of_means_resamples_each_group() -> None:
+    ratio = intervals.ratio_of_means([2.0, 2.2, 1.8], [1.0, 1.1, 0.9])
+    assert ratio.point == pytest.approx(2.0)
+    assert 1.5 < ratio.low < 2.0 < ratio.high < 2.5
+    assert intervals.ratio_of_means([1.0], [0.0]).text() == "n/a"  # no ratio to a zero mean

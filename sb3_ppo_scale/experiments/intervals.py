@@ -112,6 +112,21 @@ def probability_of_improvement(x: Sequence[float] | np.ndarray, y: Sequence[floa
     return Estimate(float(points["x,y"]), float(intervals["x,y"][0, 0]), float(intervals["x,y"][1, 0]))
 
 
+def ratio_of_means(x: Sequence[float], y: Sequence[float], resamples: int = RESAMPLES, seed: int = 0) -> Estimate:
+    """mean(x) / mean(y) of two independent groups of runs of one task (e.g. the returns of two methods' seeds),
+    each group resampled on its own; nan where mean(y) is 0 or either group is empty."""
+    vx, vy = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if vx.size == 0 or vy.size == 0 or vy.mean() == 0:
+        return NOT_AVAILABLE
+
+    def ratio(a: np.ndarray, b: np.ndarray) -> float:
+        return float(a.mean() / b.mean()) if b.mean() != 0 else float("nan")
+
+    points, bounds = _estimates({"x/y": (vx.reshape(-1, 1), vy.reshape(-1, 1))}, ratio, resamples, seed)
+    low, high = np.ravel(bounds["x/y"])
+    return Estimate(float(points["x/y"]), float(low), float(high))
+
+
 def normalised(returns: np.ndarray, zero: Sequence[float], one: Sequence[float]) -> np.ndarray:
     """Per task (columns of ``returns``), ``(return - zero) / (one - zero)``: e.g. a random policy at 0 and a
     reference return at 1, so that tasks of different scales can be aggregated."""
