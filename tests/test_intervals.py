@@ -64,3 +64,52 @@ def test_ratio_of_means_resamples_each_group() -> None:
     assert ratio.point == pytest.approx(2.0)
     assert 1.5 < ratio.low < 2.0 < ratio.high < 2.5
     assert intervals.ratio_of_means([1.0], [0.0]).text() == "n/a"  # no ratio to a zero mean
+
+
+def test_iqm_curve_and_its_band() -> None:
+    returns = np.array([[1.0, 5.0, 500.0], [2.0, 6.0, 500.0], [3.0, 7.0, 500.0], [10.0, 8.0, 500.0]])
+    iqm, low, high = intervals.iqm_curve(returns)
+    np.testing.assert_allclose(iqm, [2.5, 6.5, 500.0])  # each evaluation's middle two seeds
+    assert np.all(low <= iqm) and np.all(iqm <= high) and low[0] >= 1.0 and high[0] <= 10.0 and low[0] < high[0]
+    assert low[2] == high[2] == 500.0  # the seeds agree: no width
+    single = intervals.iqm_curve(returns[:1])
+    for curve in single:
+        np.testing.assert_allclose(curve, returns[0])
+
+
+def test_named_lists_in_one_bootstrap_match_one_call_each() -> None:
+    seeds = {"return": [1.0, 2.0, 3.0, 10.0], "seconds": [4.0, 4.0, 4.0, 4.0], "old": [1.0, None, 2.0, 3.0],
+             "reached": [5.0, float("inf"), 6.0, 7.0]}
+    estimates = intervals.aggregates_by_name(seeds)
+    alone = intervals.aggregates(seeds["return"])
+    for kind in ("iqm", "mean"):
+        assert estimates["return"][kind].point == pytest.approx(alone[kind].point)
+        assert estimates["return"][kind].low == pytest.approx(alone[kind].low, abs=0.3)
+        assert estimates["return"][kind].high == pytest.approx(alone[kind].high, abs=0.3)
+    assert estimates["return"]["iqm"].point == pytest.approx(2.5)
+    assert estimates["seconds"]["mean"] == intervals.Estimate(4.0, 4.0, 4.0)
+    assert estimates["old"]["mean"].text() == "n/a" and estimates["reached"]["iqm"].text() == "not reached (some seeds)"
+    one_seed = intervals.aggregates_by_name({"x": [3.0]})["x"]["mean"]
+    assert one_seed == intervals.Estimate(3.0, 3.0, 3.0)
+
+
+def test_iqm_columns_is_rliables_aggregate_iqm() -> None:
+    from rliable import metrics
+
+    rng = np.random.default_rng(0)
+    for runs in (1, 2, 3, 4, 5, 7, 10):
+        x = rng.normal(size=(runs, 3))
+        np.testing.assert_allclose(intervals.iqm_columns(x), [metrics.aggregate_iqm(x[:, k]) for k in range(3)])
+
+
+def test_intervals_do_not_depend_on_numpys_global_rng() -> None:
+    """rliable's stratified bootstraps draw from NumPy's global RNG: intervals seed it per call and restore it."""
+    values = list(np.random.default_rng(1).normal(size=10))
+    np.random.seed(1)
+    first = intervals.aggregates(values)
+    after = np.random.random()
+    np.random.seed(2)
+    assert intervals.aggregates(values) == first
+    np.random.seed(1)
+    intervals.aggregates(values)
+    assert np.random.random() == after  # the caller's global RNG stream is left as it was

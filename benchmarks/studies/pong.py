@@ -39,7 +39,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from sb3_ppo_scale import ScalablePPO
 from sb3_ppo_scale.experiments import zoo
-from sb3_ppo_scale.experiments.bench import return_at
+from sb3_ppo_scale.experiments.learning_report import return_at
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "pong"
 ENV_ID = "PongNoFrameskip-v4"

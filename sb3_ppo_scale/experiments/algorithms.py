@@ -141,3 +141,77 @@ def _registering_module(env_id: str) -> str | None:
     if "NoVel-v" in env_id:
         return _NOVEL_MODULE
     return None
+
+
+# ------------------------------------------------------------------------------------------------ bench labels
+# ``sb3-ppo-scale bench`` labels its runs ``<algo>[@<variant>]`` (bench.py's docstring states the protocol); they live
+# here so that the run protocol (bench.py) and its report (learning_report.py) read them without importing each other.
+
+#: label algorithm name -> class path: each Scalable class (``scalable_ppo``, ``scalable_maskable_ppo``,
+#: ``scalable_recurrent_ppo``) and the class it is compared with (``sb3_ppo``, ``maskable_ppo``, ``recurrent_ppo``)
+ALGO_CLASSES = {name: path for a in ALGORITHMS.values()
+                for name, path in ((a.baseline, a.baseline_class), (a.name, a.class_path))}
+#: Scalable algorithm -> the algorithm it is paired with under the same entry
+PAIRS = {a.name: a.baseline for a in ALGORITHMS.values()}
+#: the classes Scalable ones are compared with (they get the entry without the execution-only keys)
+BASELINES = frozenset(PAIRS.values())
+#: labels of earlier results -> (algorithm, config variant)
+LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
+    "scalable_ppo": ("scalable_ppo", "cpu"),
+    "scalable_ppo_linear": ("scalable_ppo", "cpu_linear"),
+    "scalable_ppo_zoo_batch": ("scalable_ppo", "cpu_zoo_batch"),
+    "scalable_ppo_gpu": ("scalable_ppo", "gpu"),
+    "scalable_ppo_gpu_linear": ("scalable_ppo", "gpu_linear"),
+}
+#: the variant name that selects the task's plain entry (``scalable_ppo@plain``: ScalablePPO with the baseline's config)
+PLAIN_VARIANT = "plain"
+
+
+def parse_label(label: str) -> tuple[str, str | None]:
+    """``"sb3_ppo@cpu"`` -> ``("sb3_ppo", "cpu")``, ``"scalable_ppo@plain"`` -> ``("scalable_ppo", None)`` (the plain
+    entry); legacy labels map as :data:`LEGACY_LABELS` says."""
+    if label in LEGACY_LABELS:
+        return LEGACY_LABELS[label]
+    algo, _, variant = label.partition("@")
+    if algo not in ALGO_CLASSES or (not variant and "@" in label):
+        raise ValueError(f"--algos: {label!r} is not <algo>[@<variant>] with algo in {sorted(ALGO_CLASSES)} "
+                         f"(or one of {sorted(LEGACY_LABELS)})")
+    return algo, None if variant == PLAIN_VARIANT else variant or None
+
+
+def parsed_or_unknown(label: str) -> tuple[str, str | None]:
+    """:func:`parse_label`, or ``("", None)`` for a label it does not know (results of other scripts)."""
+    try:
+        return parse_label(label)
+    except ValueError:
+        return "", None
+
+
+def family(algo: str) -> Algorithm:
+    """The Scalable algorithm an algorithm name belongs to (itself, or the one it is the baseline of)."""
+    return next(a for a in ALGORITHMS.values() if algo in (a.name, a.baseline))
+
+
+def pair_of(label: str) -> str | None:
+    """The label a Scalable label is paired with under the same entry (``scalable_ppo@cpu`` -> ``sb3_ppo@cpu``,
+    ``scalable_recurrent_ppo`` -> ``recurrent_ppo``); None for the other labels."""
+    algo, variant = parsed_or_unknown(label)
+    return PAIRS[algo] + (f"@{variant}" if variant else "") if algo in PAIRS else None
+
+
+def with_pairs(labels: list[str]) -> list[str]:
+    """The labels, each Scalable one followed by its :func:`pair_of` (no duplicates)."""
+    out: list[str] = []
+    for label in labels:
+        parse_label(label)  # ValueError for a label it does not know
+        for item in (label, pair) if (pair := pair_of(label)) else (label,):
+            if item not in out:
+                out.append(item)
+    return out
+
+
+def label_order(label: str, baseline: str) -> tuple[int, str, int, str]:
+    """Sort key of labels in reports: the baseline first, then by config variant, each baseline class before the
+    Scalable class under the same variant."""
+    algo, variant = parsed_or_unknown(label)
+    return (0 if label == baseline else 1, variant or "", 0 if algo in BASELINES else 1, label)

@@ -1,7 +1,7 @@
 """Learning benchmark: ScalablePPO's config variants against SB3 PPO, the same config on both sides.
 
-Kept as one module (over 600 lines) until its report is rebuilt on rliable (the learning-at-scale issue): the
-run protocol, its labels and the statistics that read its run files share one set of constants and labels.
+This module runs the benchmark; :mod:`sb3_ppo_scale.experiments.learning_report` reads its run files and writes the
+report, and :mod:`sb3_ppo_scale.experiments.algorithms` parses the labels both use.
 
 Protocol (docs/benchmarks.md states it in full):
 
@@ -17,7 +17,8 @@ Protocol (docs/benchmarks.md states it in full):
   (``batched_sequences`` is execution-only: dropped for RecurrentPPO), e.g.
   ``sb3-ppo-scale bench --tasks CartPoleNoVel-v1 --algos scalable_recurrent_ppo@batched`` (the baseline is then
   ``recurrent_ppo``).
-- Labels of earlier results (``scalable_ppo`` = ``@cpu``, ``scalable_ppo_gpu``, ...) stay valid (:data:`LEGACY_LABELS`).
+- Labels of earlier results (``scalable_ppo`` = ``@cpu``, ``scalable_ppo_gpu``, ...) stay valid
+  (``algorithms.LEGACY_LABELS``).
 - Each run is one single-threaded process; at most ``--workers`` (default 1) run at once. Every run writes
   ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable) when they hold the run the
   command asks for (same budget, evaluation settings and entry hyperparameters; else an error names the difference);
@@ -28,9 +29,12 @@ Protocol (docs/benchmarks.md states it in full):
   mean length of the last 100 training episodes, and the training wall-clock and CPU seconds (evaluation
   excluded). The final evaluation (``--final-episodes`` episodes) follows the last update.
 - Threshold per task: ``max(--threshold-frac x the baseline label's mean final return, floor)``, with the floors
-  of :data:`THRESHOLD_FLOORS` set above known plateaus (Hopper-v5: 1500, which a policy standing still cannot
-  reach). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
-- Reported per task and label: mean over seeds with a 95% percentile bootstrap interval (10 000 resamples).
+  of ``learning_report.THRESHOLD_FLOORS`` set above known plateaus (Hopper-v5: 1500, which a policy standing still
+  cannot reach). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
+- Reported (rliable, 95% stratified bootstrap intervals): per task and label, IQM and mean over seeds of the returns
+  and forward distance, mean of times and steps/s; over tasks, IQM and mean of normalised final returns (random
+  policy 0, a reference return 1), the probability of improvement of each Scalable label over the baseline, a
+  performance profile PNG, and per task the curves (IQM and band) against env steps and wall-clock seconds.
 
     sb3-ppo-scale bench --tasks Hopper-v5 --algos sb3_ppo scalable_ppo@cpu --budget 300000 --seeds 0 1 2
     python -m sb3_ppo_scale.experiments.bench --tasks Hopper-v5 --budget 20000 --seeds 0   # the same module
@@ -47,73 +51,19 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
 from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
-from sb3_ppo_scale.experiments.stats import bootstrap_ci
-from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, Algorithm
+from sb3_ppo_scale.experiments import learning_report
+from sb3_ppo_scale.experiments.algorithms import ALGO_CLASSES, BASELINES, family, label_order, parse_label, with_pairs
 from sb3_ppo_scale.experiments.pipeline import path_part, seed_argument
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
-#: algorithm name -> class path: each Scalable class (``scalable_ppo``, ``scalable_maskable_ppo``,
-#: ``scalable_recurrent_ppo``) and the class it is compared with (``sb3_ppo``, ``maskable_ppo``, ``recurrent_ppo``)
-ALGO_CLASSES = {name: path for a in ALGORITHMS.values()
-                for name, path in ((a.baseline, a.baseline_class), (a.name, a.class_path))}
-#: Scalable algorithm -> the algorithm it is paired with under the same entry
-PAIRS = {a.name: a.baseline for a in ALGORITHMS.values()}
-#: the classes Scalable ones are compared with (they get the entry without the execution-only keys)
-BASELINES = frozenset(PAIRS.values())
-#: labels of earlier results -> (algorithm, config variant)
-LEGACY_LABELS: dict[str, tuple[str, str | None]] = {
-    "scalable_ppo": ("scalable_ppo", "cpu"),
-    "scalable_ppo_linear": ("scalable_ppo", "cpu_linear"),
-    "scalable_ppo_zoo_batch": ("scalable_ppo", "cpu_zoo_batch"),
-    "scalable_ppo_gpu": ("scalable_ppo", "gpu"),
-    "scalable_ppo_gpu_linear": ("scalable_ppo", "gpu_linear"),
-}
+#: the labels a benchmark runs without ``--algos``
 DEFAULT_ALGOS = ["sb3_ppo", "scalable_ppo@cpu"]
-#: the variant name that selects the task's plain entry (``scalable_ppo@plain``: ScalablePPO with the baseline's config)
-PLAIN_VARIANT = "plain"
 #: Scalable arguments that change how an update is computed, not what it computes: dropped for the baseline classes
 EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "compile_loss", "batched_sequences",
                        "update_threads")
-#: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
-LATE_FRACTION = 0.2
-#: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step
-#: and 125 per metre forward (dt 0.008 s), 1000 steps at most: standing still earns <= 1000, and 1500 needs >= 4 m.
-THRESHOLD_FLOORS = {"Hopper-v5": 1500.0}
-
-
-# ------------------------------------------------------------------------------------------------ labels
-def parse_label(label: str) -> tuple[str, str | None]:
-    """``"sb3_ppo@cpu"`` -> ``("sb3_ppo", "cpu")``, ``"scalable_ppo@plain"`` -> ``("scalable_ppo", None)`` (the plain
-    entry); legacy labels map as :data:`LEGACY_LABELS` says."""
-    if label in LEGACY_LABELS:
-        return LEGACY_LABELS[label]
-    algo, _, variant = label.partition("@")
-    if algo not in ALGO_CLASSES or (not variant and "@" in label):
-        raise ValueError(f"--algos: {label!r} is not <algo>[@<variant>] with algo in {sorted(ALGO_CLASSES)} "
-                         f"(or one of {sorted(LEGACY_LABELS)})")
-    return algo, None if variant == PLAIN_VARIANT else variant or None
-
-
-def family(algo: str) -> Algorithm:
-    """The Scalable algorithm an algorithm name belongs to (itself, or the one it is the baseline of)."""
-    return next(a for a in ALGORITHMS.values() if algo in (a.name, a.baseline))
-
-
-def with_pairs(labels: list[str]) -> list[str]:
-    """The labels, each Scalable one followed by its baseline class under the same entry (``scalable_ppo@cpu`` ->
-    ``sb3_ppo@cpu``, ``scalable_recurrent_ppo`` -> ``recurrent_ppo``; no duplicates)."""
-    out: list[str] = []
-    for label in labels:
-        algo, variant = parse_label(label)
-        pair = PAIRS.get(algo, "") + (f"@{variant}" if variant else "")
-        for item in (label, pair) if algo in PAIRS else (label,):
-            if item not in out:
-                out.append(item)
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -246,26 +196,6 @@ def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
-def _box_line(results: list[dict[str, Any]]) -> str:
-    """The header's line on the box: from the runs' :func:`box_conditions` (runs older than the record: said so)."""
-    boxes = [r["box"] for r in results if "box" in r]
-    older = len(results) - len(boxes)
-    if not boxes:
-        return "Each run: one process, `torch.set_num_threads(1)`; the box's load was not recorded for these runs."
-    loads = [b["load_avg_1min"] for b in boxes]
-    steps = {}
-    for r in results:
-        if r.get("box", {}).get("env_step_us") is not None:
-            steps.setdefault(r["task"], []).append(r["box"]["env_step_us"])
-    step_text = "; ".join(f"{task} {np.median(us):.0f} us" for task, us in steps.items()) or "n/a"
-    days = sorted({b["date"] for b in boxes if "date" in b})
-    started = f"Runs started {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "") + ". " if days else ""
-    return (f"{started}Each run: one process, `torch.set_num_threads(1)`, {max(b['workers'] for b in boxes)} at a time on a "
-            f"{boxes[0]['cores']}-core box; 1-minute load average as runs started: {min(loads):.1f}-{max(loads):.1f} "
-            f"(a load near the runs at a time: nothing else ran)" + (f"; {older} older runs did not record it" if older
-            else "") + f". Raw env step (gym.make, one env, random actions; median over runs): {step_text}.")
-
-
 def _try_run(*args: Any) -> str:
     """:func:`run_one`, with a config SB3 PPO cannot take reported instead of raised (no file is written)."""
     try:
@@ -274,292 +204,6 @@ def _try_run(*args: Any) -> str:
         if "does not take" not in str(error):
             raise
         return f"skipped {args[0]} {args[1]} seed {args[2]}: {error}"
-
-
-# ------------------------------------------------------------------------------------------------ statistics
-def time_to_threshold(curve: list[dict[str, float]], threshold: float, key: str = "train_s") -> float:
-    """``key`` (training wall-clock s; ``cpu_s``: CPU s; ``steps``: env steps) at the first evaluation whose return
-    is >= threshold (inf if never)."""
-    for point in curve:
-        if point["return"] >= threshold:
-            return point[key]
-    return float("inf")
-
-
-def late_return(run: dict[str, Any], fraction: float = LATE_FRACTION) -> float:
-    """Mean evaluation return over the last ``fraction`` of the run's budget (its final evaluation included):
-    steadier than the final evaluation alone, which can swing by > 1000 on Hopper."""
-    start = run["budget"] * (1 - fraction)
-    return float(np.mean([p["return"] for p in run["curve"] if p["steps"] >= start]))
-
-
-def return_at(run: dict[str, Any], steps: int) -> float:
-    """The return of the run's first evaluation at or after ``steps`` env steps (NaN if it stopped before)."""
-    return next((p["return"] for p in run["curve"] if p["steps"] >= steps), float("nan"))
-
-
-def task_threshold(task: str, baseline_runs: list[dict[str, Any]], threshold_frac: float) -> float:
-    """``max(threshold_frac x the baseline's mean final return, the task's floor)``; nan with neither."""
-    candidates = [THRESHOLD_FLOORS.get(task, float("nan"))]
-    if baseline_runs:
-        candidates.append(threshold_frac * float(np.mean([r["final_return"] for r in baseline_runs])))
-    finite = [c for c in candidates if np.isfinite(c)]
-    return max(finite) if finite else float("nan")
-
-
-def _optional_ci(values: list[float | None]) -> tuple[float, float, float]:
-    """Bootstrap stats of values that older result files lack (None): nan unless every run has one."""
-    if not values or any(v is None for v in values):
-        return float("nan"), float("nan"), float("nan")
-    return bootstrap_ci([float(v) for v in values])  # type: ignore[arg-type]
-
-
-def _parsed(label: str) -> tuple[str, str | None]:
-    """:func:`parse_label`, or ``("", None)`` for a label it does not know (results of other scripts)."""
-    try:
-        return parse_label(label)
-    except ValueError:
-        return "", None
-
-
-def _label_order(label: str, baseline: str) -> tuple[int, str, int, str]:
-    algo, variant = _parsed(label)
-    return (0 if label == baseline else 1, variant or "", 0 if algo in BASELINES else 1, label)
-
-
-def summarise(results: list[dict[str, Any]], threshold_frac: float,
-              baseline: str = "sb3_ppo") -> dict[str, dict[str, Any]]:
-    """Per task: threshold and, per label, bootstrap stats of final return / length / forward distance, time to
-    threshold, train and CPU seconds, steps/s."""
-    summary: dict[str, dict[str, Any]] = {}
-    for task in sorted({r["task"] for r in results}):
-        task_runs = [r for r in results if r["task"] == task]
-        labels = sorted({r["algo"] for r in task_runs}, key=lambda a: _label_order(a, baseline))
-        runs = {a: [r for r in task_runs if r["algo"] == a] for a in labels}
-        threshold = task_threshold(task, runs.get(baseline, []), threshold_frac)
-        baseline_budget = runs[baseline][0]["budget"] if runs.get(baseline) else None
-        per_algo = {}
-        for algo, algo_runs in runs.items():
-            per_algo[algo] = {
-                "seeds": [r["seed"] for r in algo_runs],
-                "final_return": bootstrap_ci([r["final_return"] for r in algo_runs]),
-                "late_return": bootstrap_ci([late_return(r) for r in algo_runs]),
-                "final_length": _optional_ci([r.get("final_length") for r in algo_runs]),
-                "final_forward_distance": _optional_ci([r.get("final_forward_distance") for r in algo_runs]),
-                "time_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold) for r in algo_runs]),
-                "cpu_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "cpu_s") for r in algo_runs]),
-                "steps_to_threshold": bootstrap_ci([time_to_threshold(r["curve"], threshold, "steps")
-                                                    for r in algo_runs]),
-                "reached": sum(np.isfinite(time_to_threshold(r["curve"], threshold)) for r in algo_runs),
-                "train_s": bootstrap_ci([r["train_s"] for r in algo_runs]),
-                "cpu_s": bootstrap_ci([r["cpu_s"] for r in algo_runs]),
-                "steps_per_s": bootstrap_ci([r["steps_per_s"] for r in algo_runs]),
-                "budget": algo_runs[0]["budget"], "entry": algo_runs[0]["entry"],
-            }
-            if baseline_budget is not None and algo_runs[0]["budget"] > baseline_budget:  # learning per sample
-                per_algo[algo]["return_at_baseline_budget"] = bootstrap_ci(
-                    [return_at(r, baseline_budget) for r in algo_runs])
-        summary[task] = {"threshold": threshold, "baseline": baseline, "algos": per_algo, "runs": runs,
-                         "baseline_budget": baseline_budget}
-    return summary
-
-
-def paired_ratios(sb3_runs: list[dict[str, Any]], ours: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
-    """Per seed present on both sides, SB3's ``key`` / ScalablePPO's: bootstrap stats of the mean ratio."""
-    theirs = {r["seed"]: r[key] for r in sb3_runs}
-    return bootstrap_ci([theirs[r["seed"]] / r[key] for r in ours if r["seed"] in theirs])
-
-
-# ------------------------------------------------------------------------------------------------ report
-def load_results(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*.json"))]
-
-
-def _fmt(stat: tuple[float, float, float], digits: int = 0) -> str:
-    mean, low, high = stat
-    if np.isnan(mean):
-        return "n/a"
-    if not np.isfinite(mean):
-        return "not reached (some seeds)"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
-
-
-def _ratio(summary_task: dict[str, Any], key: str, algo: str) -> float:
-    algos, baseline = summary_task["algos"], summary_task["baseline"]
-    if baseline not in algos or algo not in algos:
-        return float("nan")
-    return algos[baseline][key][0] / algos[algo][key][0]
-
-
-def _threshold_cells(threshold: float, stats: dict[str, Any]) -> str:
-    """The threshold, steps-, s- and CPU-s-to-threshold cells; n/a without a baseline run or a floor."""
-    if np.isnan(threshold):
-        return "n/a (no baseline runs) | n/a | n/a | n/a"
-    if stats["reached"] < len(stats["seeds"]):
-        missed = f"reached on {stats['reached']} of {len(stats['seeds'])} seeds"
-        return f"{threshold:.0f} | {missed} | {missed} | {missed}"
-    return (f"{threshold:.0f} | {_fmt(stats['steps_to_threshold'])} | {_fmt(stats['time_to_threshold'], 1)} | "
-            f"{_fmt(stats['cpu_to_threshold'], 1)}")
-
-
-def _table(summary: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [
-        "| task | algo (config entry) | budget (steps) | seeds | final return | return, last 20% | episode length |"
-        " forward m | threshold | steps to threshold | s to threshold | CPU s to threshold | train s | CPU s | steps/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for task, data in summary.items():
-        for algo, s in data["algos"].items():
-            lines.append(
-                f"| {task} | {algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | {_fmt(s['final_return'])} | "
-                f"{_fmt(s['late_return'])} | {_fmt(s['final_length'])} | {_fmt(s['final_forward_distance'], 1)} | "
-                f"{_threshold_cells(data['threshold'], s)} | {_fmt(s['train_s'], 1)} | "
-                f"{_fmt(s['cpu_s'], 1)} | {_fmt(s['steps_per_s'])} |"
-            )
-    return lines
-
-
-def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per label against the task's baseline (config and plugin together)."""
-    lines = []
-    for task, data in summary.items():
-        baseline = data["baseline"]
-        for algo in data["algos"]:
-            if algo == baseline:
-                continue
-            if baseline not in data["algos"]:
-                lines.append(f"- {task}, {algo}: no {baseline} runs to compare with")
-                continue
-            to_threshold = _ratio(data, "time_to_threshold", algo)
-            reached = f"{to_threshold:.2f}x" if 0 < to_threshold < float("inf") else "n/a (not reached on every seed)"
-            lines.append(
-                f"- {task}, {algo}: time to threshold {reached}, "
-                f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
-                f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, "
-                + _final_return_against(data['algos'][algo]['final_return'][0],
-                                        data['algos'][baseline]['final_return'][0], baseline)
-                + _at_baseline_budget(data, algo)
-            )
-    return lines
-
-
-def _final_return_against(ours: float, theirs: float, baseline: str) -> str:
-    """Mean final returns side by side; their ratio only when both are positive (for negative returns, e.g.
-    Pendulum's, a ratio below 1 would mean *better*)."""
-    ratio = f" ({ours / theirs:.2f}x)" if ours >= 0 and theirs > 0 else ""
-    return f"final return {ours:.4g} against {baseline}'s {theirs:.4g}{ratio}"
-
-
-def _at_baseline_budget(data: dict[str, Any], algo: str) -> str:
-    """For a run longer than the baseline's: its return at the baseline's budget (learning per sample)."""
-    stats = data["algos"][algo].get("return_at_baseline_budget")
-    if stats is None:
-        return ""
-    return f"; at the baseline's budget ({data['baseline_budget']} steps) its return is {_fmt(stats)}"
-
-
-def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
-    """ScalablePPO against SB3 PPO under the same entry, per seed: what the plugin alone changes."""
-    lines = []
-    for task, data in summary.items():
-        runs = data["runs"]
-        for label, ours in runs.items():
-            algo, variant = _parsed(label)
-            pair = PAIRS.get(algo, "") + (f"@{variant}" if variant else "")
-            if algo not in PAIRS or pair not in runs:
-                continue
-            theirs = {q["seed"]: q for q in runs[pair]}
-            matched = [r for r in ours if r["seed"] in theirs]
-            gap = bootstrap_ci([r["final_return"] - theirs[r["seed"]]["final_return"] for r in matched])
-            same = sum([p["return"] for p in r["curve"]] == [p["return"] for p in theirs[r["seed"]]["curve"]]
-                       for r in matched)
-            classes = f"{_class_name(PAIRS[algo])} / {_class_name(algo)}"
-            lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time ratio "
-                         f"({classes}) {_fmt(paired_ratios(runs[pair], ours, 'train_s'), 2)}, CPU time ratio "
-                         f"{_fmt(paired_ratios(runs[pair], ours, 'cpu_s'), 2)}, final return {_fmt(gap)} higher (per "
-                         f"seed); evaluation returns identical on {same} of {len(matched)} seeds")
-    return lines or ["- (no Scalable label with its baseline pair in these results)"]
-
-
-def _class_name(algo: str) -> str:
-    """The class an algorithm label runs (``ScalablePPO`` for ``scalable_ppo``)."""
-    return ALGO_CLASSES[algo].rpartition(".")[2]
-
-
-def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str,
-                   box_line: str = "Each run: one process, `torch.set_num_threads(1)`.") -> Path:
-    floors = ", ".join(f"{t} {v:g}" for t, v in THRESHOLD_FLOORS.items())
-    baselines = sorted({data["baseline"] for data in summary.values()}) or ["sb3_ppo"]
-    lines = [
-        "# Learning benchmark: the Scalable classes and the classes they extend, under the same configs", "",
-        f"Generated by `{command}`.", "",
-        box_line,
-        "Labels: `<algo>@<variant>` runs `<algo>` (sb3_ppo: SB3's PPO, scalable_ppo: ScalablePPO; maskable_ppo / "
-        "recurrent_ppo: sb3-contrib's MaskablePPO / RecurrentPPO, scalable_maskable_ppo / scalable_recurrent_ppo: "
-        "ours) with the config",
-        "entry named in brackets; `@plain` is the task's plain entry (as `sb3_ppo` alone); `scalable_ppo` alone is "
-        "`scalable_ppo@cpu` (earlier label).",
-        "Values: mean over seeds [95% percentile bootstrap interval of the mean]. Final return, episode length and",
-        "forward distance (x at the episode's end minus at its start, metres): deterministic evaluation after the",
-        "last update. Time: training wall-clock seconds, evaluation excluded (CPU s: the process's CPU time, less",
-        f"sensitive to other load). Threshold: max({threshold_frac:g} x the baseline's ({', '.join(baselines)}) mean",
-        f"final return, the task's floor above known plateaus: {floors}); steps / s / CPU s to threshold: at the first",
-        "evaluation whose mean return reaches it (env steps do not depend on the box's load). Return, last 20%:",
-        "per seed, the mean of the evaluations in the last 20% of the run's steps (steadier than the final one).", "",
-        *_table(summary),
-        "", f"Against the baseline ({', '.join(baselines)}; ratios from the means, > 1: faster than the baseline):", "",
-        *_baseline_lines(summary),
-        "", "Plugin effect: each Scalable class against the class it extends under the same config entry, same seeds "
-        "(training time: theirs / ours per seed):", "",
-        *_plugin_lines(summary),
-    ]
-    path = out / "learning_summary.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def plot_curves(results: list[dict[str, Any]], out: Path) -> list[Path]:
-    """One PNG per task: mean evaluation return (band: min..max over seeds) vs env steps and vs training CPU s
-    (the process's, less sensitive to a busy box than wall-clock), and the mean forward distance and episode length
-    vs env steps where recorded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for task in sorted({r["task"] for r in results}):
-        labels = sorted({r["algo"] for r in results if r["task"] == task}, key=lambda a: _label_order(a, "sb3_ppo"))
-        fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
-        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
-        for label, color in zip(labels, colors):
-            runs = [r for r in results if r["task"] == task and r["algo"] == label]
-            n = min(len(r["curve"]) for r in runs)
-            steps = np.array([[p["steps"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
-            seconds = np.array([[p["cpu_s"] for p in r["curve"][:n]] for r in runs]).mean(axis=0)
-            for ax, x, key in ((axes[0], steps, "return"), (axes[1], seconds, "return"),
-                               (axes[2], steps, "forward_distance"), (axes[3], steps, "length")):
-                values = [[p.get(key) for p in r["curve"][:n]] for r in runs]
-                if any(v is None for row in values for v in row):
-                    continue
-                y = np.array(values, dtype=float)
-                ax.plot(x, y.mean(axis=0), color=color, label=f"{label} ({len(runs)} seeds)")
-                ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=color, alpha=0.15)
-        for ax, xlabel, ylabel in zip(axes, ("env steps", "training CPU s (1 thread, evaluation excluded)", "env steps",
-                                             "env steps"), ("evaluation return", "evaluation return",
-                                                            "forward distance (m)", "episode length (steps)")):
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"{task}: the Scalable classes and the classes they extend, config entries in the labels "
-                     "(band: min..max over seeds)")
-        fig.tight_layout()
-        path = out / f"learning_{path_part(task)}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -653,7 +297,7 @@ def command_line(command: str, args: argparse.Namespace, results: list[dict[str,
     commands = []
     for (budget, eval_every, eval_episodes, final_episodes), runs in sorted(groups.items()):
         def unique(key: str, runs: list[dict[str, Any]] = runs) -> list[Any]:
-            return sorted({r[key] for r in runs}, key=lambda v: (_label_order(v, args.baseline) if key == "algo" else v))
+            return sorted({r[key] for r in runs}, key=lambda v: (label_order(v, args.baseline) if key == "algo" else v))
 
         commands.append(" ".join([
             command, "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
@@ -722,14 +366,13 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
         for done in pool.map(_try_run, *zip(*jobs)) if jobs else []:
             print("done:", done, flush=True)
-    results = [r for r in load_results(out) if r["task"] in args.tasks]
-    summary = summarise(results, args.threshold_frac, args.baseline)
-    print(write_markdown(summary, out, args.threshold_frac, command_line(command, args, results),
-                         _box_line(results)).read_text())
-    for path in plot_curves(results, out):
+    results = [r for r in learning_report.load_results(out) if r["task"] in args.tasks]
+    markdown, *plots = learning_report.write_report(results, out, args.threshold_frac, args.baseline,
+                                                    command_line(command, args, results))
+    print(markdown.read_text())
+    for path in plots:
         print("plot:", path)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main(build_parser().parse_args(), command="python -m sb3_ppo_scale.experiments.bench"))

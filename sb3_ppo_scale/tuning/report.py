@@ -295,7 +295,7 @@ def plateau(result: StudyResult) -> str | None:
     benchmark's floors, ``THRESHOLD_FLOORS``: Hopper-v5 1500, above what standing still earns), when the median
     last evaluation (mean over seeds) of the best 10% of sampled trials is below the floor. None for other envs or
     without stored curves."""
-    from sb3_ppo_scale.experiments.bench import THRESHOLD_FLOORS
+    from sb3_ppo_scale.experiments.learning_report import THRESHOLD_FLOORS
 
     floor = THRESHOLD_FLOORS.get(result.env_id)
     lasts = [curve[1] for t in _best(result) if (curve := learning_check([t])) is not None]

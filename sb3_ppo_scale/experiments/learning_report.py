@@ -1,0 +1,578 @@
+"""The learning benchmark's report, rebuilt from the run files of ``sb3-ppo-scale bench`` (bench.py makes the runs
+and calls :func:`write_report`; ``--report-only`` only calls it): ``learning_summary.md``,
+``performance_profile.png`` and one ``learning_<task>.png`` per task.
+
+Statistics (rliable, through :mod:`sb3_ppo_scale.experiments.intervals`: 95% intervals, seeded, so a rebuilt report
+prints the same numbers):
+
+- Returns (final return, return over the last 20% of the run, forward distance, return at the baseline's budget):
+  IQM and mean over seeds, each with a stratified bootstrap interval (one task: seeds resampled).
+- Times, steps, steps/s, episode lengths, and per-seed ratios and differences: mean over seeds [bootstrap interval].
+- Over tasks: final returns normalised per task (a uniformly random policy's mean return 0, :data:`REFERENCE_RETURNS`
+  or else the best label's mean final return 1), IQM and mean with stratified bootstrap intervals for each label run
+  on every task, and their performance profile as a PNG.
+- Probability of improvement of each Scalable label over the baseline label on the tasks both ran (raw final returns).
+- Curves per task: the IQM over seeds at each evaluation with a bootstrap band, against env steps and against
+  training wall-clock seconds (with the box's raw env step cost), and forward distance and episode length.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sb3_ppo_scale.experiments import intervals
+from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, label_order, pair_of, parsed_or_unknown,
+                                                  register_envs)
+from sb3_ppo_scale.experiments.intervals import Estimate
+from sb3_ppo_scale.experiments.pipeline import path_part
+
+Run = dict[str, Any]
+#: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
+LATE_FRACTION = 0.2
+#: return floors of the time-to-threshold per task, above known plateaus. Hopper-v5 pays 1 healthy point per step
+#: and 125 per metre forward (dt 0.008 s), 1000 steps at most: standing still earns <= 1000, and 1500 needs >= 4 m.
+THRESHOLD_FLOORS = {"Hopper-v5": 1500.0}
+#: the normalised score's 1 per task (an episode return): the learning-at-scale issue's targets. A task not named
+#: here takes the best label's mean final return in the report instead.
+REFERENCE_RETURNS = {"Hopper-v5": 3400.0, "HalfCheetah-v5": 5500.0, "Ant-v5": 5000.0, "Humanoid-v5": 5000.0}
+#: episodes of the uniformly random policy whose mean return is the normalised score's 0
+RANDOM_EPISODES = 10
+#: the report's file names inside ``--out``
+SUMMARY_FILE, PROFILE_FILE = "learning_summary.md", "performance_profile.png"
+
+
+def load_results(out: Path) -> list[Run]:
+    """Every run file of ``<out>/runs/``, in file-name order."""
+    return [json.loads(path.read_text()) for path in sorted((out / "runs").glob("*.json"))]
+
+
+# ------------------------------------------------------------------------------------------------ per-run measures
+def time_to_threshold(curve: list[dict[str, float]], threshold: float, key: str = "train_s") -> float:
+    """``key`` (training wall-clock s; ``cpu_s``: CPU s; ``steps``: env steps) at the first evaluation whose return
+    is >= threshold (inf if never)."""
+    for point in curve:
+        if point["return"] >= threshold:
+            return point[key]
+    return float("inf")
+
+
+def late_return(run: Run, fraction: float = LATE_FRACTION) -> float:
+    """Mean evaluation return over the last ``fraction`` of the run's budget (its final evaluation included):
+    steadier than the final evaluation alone, which can swing by > 1000 on Hopper."""
+    start = run["budget"] * (1 - fraction)
+    return float(np.mean([p["return"] for p in run["curve"] if p["steps"] >= start]))
+
+
+def return_at(run: Run, steps: int) -> float:
+    """The return of the run's first evaluation at or after ``steps`` env steps (NaN if it stopped before)."""
+    return next((p["return"] for p in run["curve"] if p["steps"] >= steps), float("nan"))
+
+
+def task_threshold(task: str, baseline_runs: list[Run], threshold_frac: float) -> float:
+    """``max(threshold_frac x the baseline's mean final return, the task's floor)``; nan with neither."""
+    candidates = [THRESHOLD_FLOORS.get(task, float("nan"))]
+    if baseline_runs:
+        candidates.append(threshold_frac * float(np.mean([r["final_return"] for r in baseline_runs])))
+    finite = [c for c in candidates if np.isfinite(c)]
+    return max(finite) if finite else float("nan")
+
+
+def env_step_us(results: list[Run], task: str) -> float | None:
+    """The task's raw env step cost in microseconds, as its runs recorded it (``box.env_step_us``, median over
+    runs); None where no run recorded it."""
+    recorded = [r["box"]["env_step_us"] for r in results
+                if r["task"] == task and r.get("box", {}).get("env_step_us") is not None]
+    return float(np.median(recorded)) if recorded else None
+
+
+# ------------------------------------------------------------------------------------------------ per task
+def _measures(runs: list[Run], threshold: float, baseline_budget: int | None) -> dict[str, list[float | None]]:
+    """Per measure, one value per seed (None: older runs did not record it)."""
+    measures: dict[str, list[float | None]] = {
+        "final_return": [r["final_return"] for r in runs],
+        "late_return": [late_return(r) for r in runs],
+        "final_forward_distance": [r.get("final_forward_distance") for r in runs],
+        "final_length": [r.get("final_length") for r in runs],
+        "time_to_threshold": [time_to_threshold(r["curve"], threshold) for r in runs],
+        "cpu_to_threshold": [time_to_threshold(r["curve"], threshold, "cpu_s") for r in runs],
+        "steps_to_threshold": [time_to_threshold(r["curve"], threshold, "steps") for r in runs],
+        "train_s": [r["train_s"] for r in runs],
+        "cpu_s": [r["cpu_s"] for r in runs],
+        "steps_per_s": [r["steps_per_s"] for r in runs],
+    }
+    if baseline_budget is not None and runs[0]["budget"] > baseline_budget:  # learning per sample
+        measures["return_at_baseline_budget"] = [return_at(r, baseline_budget) for r in runs]
+    return measures
+
+
+def summarise(results: list[Run], threshold_frac: float, baseline: str = "sb3_ppo") -> dict[str, dict[str, Any]]:
+    """Per task: its threshold, its runs per label and, per label, ``{"iqm": Estimate, "mean": Estimate}`` of each
+    measure of :func:`_measures` (returns, forward distance, episode length, times and steps to threshold, train and
+    CPU seconds, steps/s), the seeds, how many reached the threshold, the budget and the config entry."""
+    summary: dict[str, dict[str, Any]] = {}
+    for task in sorted({r["task"] for r in results}):
+        task_runs = [r for r in results if r["task"] == task]
+        labels = sorted({r["algo"] for r in task_runs}, key=lambda a: label_order(a, baseline))
+        runs = {a: [r for r in task_runs if r["algo"] == a] for a in labels}
+        threshold = task_threshold(task, runs.get(baseline, []), threshold_frac)
+        baseline_budget = runs[baseline][0]["budget"] if runs.get(baseline) else None
+        algos = {}
+        for label, label_runs in runs.items():
+            measures = _measures(label_runs, threshold, baseline_budget)
+            algos[label] = {**intervals.aggregates_by_name(measures), "seeds": [r["seed"] for r in label_runs],
+                            "reached": int(np.isfinite(measures["time_to_threshold"]).sum()),
+                            "budget": label_runs[0]["budget"], "entry": label_runs[0]["entry"]}
+        summary[task] = {"threshold": threshold, "baseline": baseline, "algos": algos, "runs": runs,
+                         "baseline_budget": baseline_budget}
+    return summary
+
+
+def _returns_cells(stats: dict[str, Estimate], digits: int = 0) -> str:
+    return f"{stats['iqm'].text(digits)} | {stats['mean'].text(digits)}"
+
+
+def _threshold_cells(threshold: float, stats: dict[str, Any]) -> str:
+    """The threshold, steps-, s- and CPU-s-to-threshold cells (means); n/a without a baseline run or a floor."""
+    if np.isnan(threshold):
+        return "n/a (no baseline runs) | n/a | n/a | n/a"
+    if stats["reached"] < len(stats["seeds"]):
+        missed = f"reached on {stats['reached']} of {len(stats['seeds'])} seeds"
+        return f"{threshold:.0f} | {missed} | {missed} | {missed}"
+    return (f"{threshold:.0f} | {stats['steps_to_threshold']['mean'].text()} | "
+            f"{stats['time_to_threshold']['mean'].text(1)} | {stats['cpu_to_threshold']['mean'].text(1)}")
+
+
+def _table(summary: dict[str, dict[str, Any]], columns: list[str],
+           cells: Callable[[dict[str, Any], str, dict[str, Any]], str]) -> list[str]:
+    """A markdown table, one row per task and label: the task, then ``cells(task data, label, label stats)``."""
+    lines = ["| task | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for task, data in summary.items():
+        lines += [f"| {task} | {cells(data, algo, stats)} |" for algo, stats in data["algos"].items()]
+    return lines
+
+
+def returns_table(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Per task and label: IQM and mean [interval] of the returns and the forward distance, mean episode length."""
+    return _table(summary, ["algo (config entry)", "budget (steps)", "seeds", "final return IQM", "final return mean",
+                            "return, last 20%: IQM", "return, last 20%: mean", "forward m: IQM", "forward m: mean",
+                            "episode length"],
+                  lambda data, algo, s: f"{algo} (`{s['entry']}`) | {s['budget']} | {len(s['seeds'])} | "
+                                        f"{_returns_cells(s['final_return'])} | {_returns_cells(s['late_return'])} | "
+                                        f"{_returns_cells(s['final_forward_distance'], 1)} | "
+                                        f"{s['final_length']['mean'].text()}")
+
+
+def time_table(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Per task and label: the threshold, mean [interval] of steps / s / CPU s to it, train and CPU s, steps/s."""
+    return _table(summary, ["algo", "threshold", "steps to threshold", "s to threshold", "CPU s to threshold",
+                            "train s", "CPU s", "steps/s"],
+                  lambda data, algo, s: f"{algo} | {_threshold_cells(data['threshold'], s)} | "
+                                        f"{s['train_s']['mean'].text(1)} | {s['cpu_s']['mean'].text(1)} | "
+                                        f"{s['steps_per_s']['mean'].text()}")
+
+
+def _ratio(summary_task: dict[str, Any], key: str, algo: str) -> float:
+    """The baseline's mean ``key`` over ``algo``'s (nan without either)."""
+    algos, baseline = summary_task["algos"], summary_task["baseline"]
+    if baseline not in algos or algo not in algos:
+        return float("nan")
+    return algos[baseline][key]["mean"].point / algos[algo][key]["mean"].point
+
+
+def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per label against the task's baseline (config and plugin together), from the means."""
+    lines = []
+    for task, data in summary.items():
+        baseline = data["baseline"]
+        for algo in data["algos"]:
+            if algo == baseline:
+                continue
+            if baseline not in data["algos"]:
+                lines.append(f"- {task}, {algo}: no {baseline} runs to compare with")
+                continue
+            to_threshold = _ratio(data, "time_to_threshold", algo)
+            reached = f"{to_threshold:.2f}x" if 0 < to_threshold < float("inf") else "n/a (not reached on every seed)"
+            lines.append(
+                f"- {task}, {algo}: time to threshold {reached}, "
+                f"training time {_ratio(data, 'train_s', algo):.2f}x, CPU time {_ratio(data, 'cpu_s', algo):.2f}x, "
+                f"steps/s {1 / _ratio(data, 'steps_per_s', algo):.2f}x, "
+                + _final_return_against(data['algos'][algo]['final_return']['mean'].point,
+                                        data['algos'][baseline]['final_return']['mean'].point, baseline)
+                + _at_baseline_budget(data, algo)
+            )
+    return lines
+
+
+def _final_return_against(ours: float, theirs: float, baseline: str) -> str:
+    """Mean final returns side by side; their ratio only when both are positive (for negative returns, e.g.
+    Pendulum's, a ratio below 1 would mean *better*)."""
+    ratio = f" ({ours / theirs:.2f}x)" if ours >= 0 and theirs > 0 else ""
+    return f"final return {ours:.4g} against {baseline}'s {theirs:.4g}{ratio}"
+
+
+def _at_baseline_budget(data: dict[str, Any], algo: str) -> str:
+    """For a run longer than the baseline's: its return at the baseline's budget (learning per sample)."""
+    stats = data["algos"][algo].get("return_at_baseline_budget")
+    if stats is None:
+        return ""
+    return (f"; at the baseline's budget ({data['baseline_budget']} steps) its return is IQM "
+            f"{stats['iqm'].text()}, mean {stats['mean'].text()}")
+
+
+def _plugin_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Each Scalable label against its pair under the same entry, per seed: what the plugin alone changes."""
+    lines = []
+    for task, data in summary.items():
+        runs = data["runs"]
+        for label, ours in runs.items():
+            pair = pair_of(label)
+            if pair not in runs:
+                continue
+            theirs = {q["seed"]: q for q in runs[pair]}
+            matched = [(r, theirs[r["seed"]]) for r in ours if r["seed"] in theirs]
+            stats = intervals.aggregates_by_name({
+                "train_s": [t["train_s"] / r["train_s"] for r, t in matched],
+                "cpu_s": [t["cpu_s"] / r["cpu_s"] for r, t in matched],
+                "gap": [r["final_return"] - t["final_return"] for r, t in matched]})
+            same = sum([p["return"] for p in r["curve"]] == [p["return"] for p in t["curve"]] for r, t in matched)
+            classes = f"{_class_name(pair)} / {_class_name(label)}"
+            lines.append(f"- {task}, {label} vs {pair} (entry `{data['algos'][label]['entry']}`): training time ratio "
+                         f"({classes}) {stats['train_s']['mean'].text(2)}, CPU time ratio "
+                         f"{stats['cpu_s']['mean'].text(2)}, final return {stats['gap']['mean'].text()} higher (per "
+                         f"seed); evaluation returns identical on {same} of {len(matched)} seeds")
+    return lines or ["- (no Scalable label with its baseline pair in these results)"]
+
+
+def _class_name(label: str) -> str:
+    """The class a label runs (``ScalablePPO`` for ``scalable_ppo@cpu``)."""
+    return ALGO_CLASSES[parsed_or_unknown(label)[0]].rpartition(".")[2]
+
+
+# ------------------------------------------------------------------------------------------------ over tasks
+def random_policy_return(task: str, episodes: int = RANDOM_EPISODES, max_steps: int = 100_000) -> float | None:
+    """Mean return of a uniformly random policy over ``episodes`` episodes (env seeds 0, 1, ...; actions seeded 0;
+    an episode cut at ``max_steps`` steps for an env without a time limit): the normalised score's 0. None where
+    Gymnasium cannot make ``task``."""
+    import gymnasium as gym
+
+    register_envs(task)
+    try:
+        env = gym.make(task)
+    except gym.error.Error:
+        return None
+    env.action_space.seed(0)
+    totals = []
+    for episode in range(episodes):
+        env.reset(seed=episode)
+        total, done, steps = 0.0, False, 0
+        while not done and steps < max_steps:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total, done, steps = total + float(reward), terminated or truncated, steps + 1
+        totals.append(total)
+    env.close()
+    return float(np.mean(totals))
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """One task's normalised-score ends, in episode return: ``zero`` the random policy's mean return, ``one`` the
+    reference return, ``source`` where the reference comes from."""
+
+    zero: float
+    one: float
+    source: str
+
+
+def normalisation(task: str, algos: dict[str, Any], random_return: Callable[[str], float | None]
+                  ) -> Normalisation | str:
+    """The task's :class:`Normalisation` (reference: :data:`REFERENCE_RETURNS`, else the best label's mean final
+    return in ``algos``), or the sentence that says why it has none."""
+    zero = random_return(task)
+    if zero is None:
+        return "Gymnasium cannot make it, so it has no random-policy score"
+    if task in REFERENCE_RETURNS:
+        one, source = REFERENCE_RETURNS[task], "the learning issue's target"
+    else:
+        best = max(algos, key=lambda a: algos[a]["final_return"]["mean"].point)
+        one, source = algos[best]["final_return"]["mean"].point, f"the best label's mean final return ({best})"
+    if one <= zero:
+        return f"its reference return {one:.4g} is not above the random policy's {zero:.4g}"
+    return Normalisation(zero, one, source)
+
+
+def _common_seeds(summary: dict[str, dict[str, Any]], tasks: list[str], label: str) -> list[int]:
+    """The seeds ``label`` ran on every one of ``tasks``."""
+    seed_sets = [{r["seed"] for r in summary[task]["runs"].get(label, [])} for task in tasks]
+    return sorted(set.intersection(*seed_sets)) if seed_sets else []
+
+
+def _final_returns(summary: dict[str, dict[str, Any]], tasks: list[str], label: str) -> np.ndarray:
+    """``(seeds, tasks)`` final returns of ``label``, over the seeds it ran on every task."""
+    by_seed = [{r["seed"]: r["final_return"] for r in summary[task]["runs"][label]} for task in tasks]
+    return np.array([[runs[seed] for runs in by_seed] for seed in _common_seeds(summary, tasks, label)],
+                    dtype=float).reshape(-1, len(tasks))
+
+
+@dataclass(frozen=True)
+class OverTasks:
+    """The report's aggregate over tasks: per task its :class:`Normalisation` or why it has none; per label run on
+    every normalised task, its ``(seeds, tasks)`` normalised final returns (seeds: those run on every task); per
+    label left out, why."""
+
+    normalisations: dict[str, Normalisation | str]
+    scores: dict[str, np.ndarray]
+    left_out: dict[str, str]
+
+    @property
+    def tasks(self) -> list[str]:
+        """The tasks with a normalisation, in the order of the score columns."""
+        return [task for task, n in self.normalisations.items() if isinstance(n, Normalisation)]
+
+
+def over_tasks(summary: dict[str, dict[str, Any]],
+               random_return: Callable[[str], float | None] = random_policy_return) -> OverTasks:
+    """Normalised final returns of the labels run on every task that normalises (``random_return(task)``: the
+    random policy's mean return, called once per task)."""
+    normalisations = {task: normalisation(task, data["algos"], random_return) for task, data in summary.items()}
+    ends = {task: n for task, n in normalisations.items() if isinstance(n, Normalisation)}
+    tasks = list(ends)
+    scores, left_out = {}, {}
+    for label in _labels(summary) if tasks else []:
+        missing = [task for task in tasks if label not in summary[task]["runs"]]
+        raw = None if missing else _final_returns(summary, tasks, label)
+        if raw is None or raw.size == 0:
+            left_out[label] = f"no runs on {', '.join(missing)}" if missing else "no seed run on every task"
+            continue
+        scores[label] = intervals.normalised(raw, [n.zero for n in ends.values()], [n.one for n in ends.values()])
+    return OverTasks(normalisations, scores, left_out)
+
+
+def _baseline(summary: dict[str, dict[str, Any]]) -> str:
+    """The report's baseline label (every task's is the same; "" without tasks)."""
+    return next(iter(summary.values()))["baseline"] if summary else ""
+
+
+def _labels(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Every label of the report, in report order."""
+    return sorted({label for data in summary.values() for label in data["runs"]},
+                  key=lambda a: label_order(a, _baseline(summary)))
+
+
+def _over_tasks_lines(over: OverTasks) -> list[str]:
+    """The over-tasks section: the normalisation per task, IQM and mean of the normalised final returns per label."""
+    lines = ["## Over tasks", "",
+             f"Final returns normalised per task: (return - random) / (reference - random), where random is the mean "
+             f"return of a uniformly random policy over {RANDOM_EPISODES} episodes (score 0) and reference the task's "
+             f"reference return (score 1: the learning issue's targets {_targets()}; other tasks: the best label's "
+             "mean final return in this report). IQM and mean over all runs of all tasks, with 95% stratified "
+             "bootstrap intervals (seeds resampled within each task).", "",
+             "| task | random policy | reference | reference from |", "|---|---|---|---|"]
+    for task, n in over.normalisations.items():
+        lines.append(f"| {task} | {n.zero:.4g} | {n.one:.4g} | {n.source} |" if isinstance(n, Normalisation)
+                     else f"| {task} | n/a | n/a | left out: {n} |")
+    if not over.tasks:
+        return [*lines, "", "No task normalises: no aggregate over tasks."]
+    lines += ["", f"Tasks: {', '.join(over.tasks)}.", "",
+              "| algo | seeds (run on every task) | normalised final return IQM | normalised final return mean |",
+              "|---|---|---|---|"]
+    for label, scores in over.scores.items():
+        stats = intervals.aggregates(scores)
+        lines.append(f"| {label} | {scores.shape[0]} | {stats['iqm'].text(2)} | {stats['mean'].text(2)} |")
+    if over.left_out:
+        lines += ["", *(f"- {label} left out: {why}." for label, why in over.left_out.items())]
+    if over.scores:
+        lines += ["", f"Performance profile: [{PROFILE_FILE}]({PROFILE_FILE}) (the fraction of runs whose normalised "
+                  "final return exceeds each tau, per label, with its bootstrap band)."]
+    return lines
+
+
+def _targets() -> str:
+    return ", ".join(f"{task} {value:g}" for task, value in REFERENCE_RETURNS.items())
+
+
+def _improvement_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Probability of improvement of each Scalable label over the baseline (none without a Scalable label)."""
+    baseline = _baseline(summary)
+    labels = [label for label in _labels(summary) if pair_of(label) is not None and label != baseline]
+    if not labels:
+        return []
+    return ["", f"Probability of improvement over the baseline ({baseline}): P(a run of the label scores a higher "
+            "final return than a run of the baseline on the same task), averaged over the tasks both ran, with its "
+            "95% stratified bootstrap interval (0.5: no difference; seeds run on every one of those tasks):", "",
+            *(_improvement_line(summary, label, baseline) for label in labels)]
+
+
+def _improvement_line(summary: dict[str, dict[str, Any]], label: str, baseline: str) -> str:
+    """``label`` over ``baseline`` on the tasks both ran, from their raw final returns."""
+    tasks = [task for task, data in summary.items() if label in data["runs"] and baseline in data["runs"]]
+    if not tasks:
+        return f"- {label} over {baseline}: n/a (no task with runs of both)"
+    ours, theirs = _final_returns(summary, tasks, label), _final_returns(summary, tasks, baseline)
+    if ours.size == 0 or theirs.size == 0:
+        return f"- {label} over {baseline}: n/a (no seed run on every one of {', '.join(tasks)})"
+    p = intervals.probability_of_improvement(ours, theirs)
+    return (f"- {label} over {baseline} ({', '.join(tasks)}; {ours.shape[0]} against {theirs.shape[0]} seeds): "
+            f"{p.text(2)}")
+
+
+def performance_profile(over: OverTasks, out: Path) -> Path | None:
+    """``<out>/performance_profile.png`` of the normalised final returns (None without a label to draw)."""
+    if not over.scores:
+        return None
+    return intervals.performance_profile_png(
+        over.scores, out / PROFILE_FILE, "normalised final return tau (random policy 0, reference 1)",
+        f"Performance profile over {', '.join(over.tasks)} (band: 95% stratified bootstrap)")
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def box_line(results: list[Run]) -> str:
+    """The header's line on the box: from the runs' ``box`` records (runs older than the record: said so)."""
+    boxes = [r["box"] for r in results if "box" in r]
+    older = len(results) - len(boxes)
+    if not boxes:
+        return "Each run: one process, `torch.set_num_threads(1)`; the box's load was not recorded for these runs."
+    loads = [b["load_avg_1min"] for b in boxes]
+    tasks = sorted({r["task"] for r in results})
+    step_text = "; ".join(f"{task} {us:.0f} us" for task in tasks if (us := env_step_us(results, task)) is not None)
+    days = sorted({b["date"] for b in boxes if "date" in b})
+    started = f"Runs started {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "") + ". " if days else ""
+    workers = max(b["workers"] for b in boxes)
+    return (f"{started}Each run: one process, `torch.set_num_threads(1)`, {workers} at a time on "
+            f"a {boxes[0]['cores']}-core box; 1-minute load average as runs started: {min(loads):.1f}-{max(loads):.1f} "
+            f"(a load near the runs at a time: nothing else ran)" + (f"; {older} older runs did not record it" if older
+            else "") + f". Raw env step (gym.make, one env, random actions; median over runs): {step_text or 'n/a'}.")
+
+
+def _header(summary: dict[str, dict[str, Any]], threshold_frac: float, command: str, box: str) -> list[str]:
+    floors = ", ".join(f"{t} {v:g}" for t, v in THRESHOLD_FLOORS.items())
+    baseline = _baseline(summary) or "sb3_ppo"
+    return [
+        "# Learning benchmark: the Scalable classes and the classes they extend, under the same configs", "",
+        f"Generated by `{command}`; the same command with `--report-only` rebuilds this file and its PNGs from "
+        "`runs/`.",
+        "", box,
+        "Labels: `<algo>@<variant>` runs `<algo>` (sb3_ppo: SB3's PPO, scalable_ppo: ScalablePPO; maskable_ppo / "
+        "recurrent_ppo: sb3-contrib's MaskablePPO / RecurrentPPO, scalable_maskable_ppo / scalable_recurrent_ppo: "
+        "ours) with the config",
+        "entry named in brackets; `@plain` is the task's plain entry (as `sb3_ppo` alone); `scalable_ppo` alone is "
+        "`scalable_ppo@cpu` (earlier label).",
+        "Statistics (rliable): returns and forward distance as IQM (interquartile mean: the mean of the middle half "
+        "of the seeds; the plain mean below 4 seeds) and mean over seeds; episode lengths, times, steps, steps/s and "
+        "per-seed ratios as mean over seeds; each [95% stratified bootstrap interval] (seeds resampled within each "
+        f"task, {intervals.RESAMPLES:,} resamples).",
+        "Final return, episode length and forward distance (x at the episode's end minus at its start, metres): "
+        "deterministic evaluation after the last update. Return, last 20%: per seed, the mean of the evaluations in "
+        "the last 20% of the run's steps (steadier than the final one).",
+        "Time: training wall-clock seconds, evaluation excluded (CPU s: the process's CPU time, less sensitive to "
+        f"other load). Threshold: max({threshold_frac:g} x the baseline's ({baseline}) mean final return, the "
+        f"task's floor above known plateaus: {floors}); steps / s / CPU s to threshold: at the first evaluation "
+        "whose mean return reaches it (env steps do not depend on the box's load).",
+    ]
+
+
+def write_markdown(summary: dict[str, dict[str, Any]], out: Path, threshold_frac: float, command: str,
+                   box: str = "Each run: one process, `torch.set_num_threads(1)`.",
+                   over: OverTasks | None = None) -> Path:
+    """``<out>/learning_summary.md``: the header, the returns and time tables, the comparisons with the baseline and
+    of each Scalable class with its pair, and the aggregate over tasks (``over``; None: :func:`over_tasks` with
+    the real random-policy scores)."""
+    over = over_tasks(summary) if over is None else over
+    baseline = _baseline(summary) or "sb3_ppo"
+    lines = [
+        *_header(summary, threshold_frac, command, box),
+        "", "## Per task", "", "Returns: IQM and mean over seeds [95% stratified bootstrap interval]; episode "
+        "length: mean [interval].", "", *returns_table(summary),
+        "", "Time: mean over seeds [95% bootstrap interval].", "", *time_table(summary),
+        "", f"Against the baseline ({baseline}; ratios from the means, > 1: faster than the baseline):", "",
+        *_baseline_lines(summary),
+        "", "Plugin effect: each Scalable class against the class it extends under the same config entry, same seeds "
+        "(training time: theirs / ours per seed; mean [interval]):", "",
+        *_plugin_lines(summary),
+        "", *_over_tasks_lines(over), *_improvement_lines(summary),
+    ]
+    path = out / SUMMARY_FILE
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_report(results: list[Run], out: Path, threshold_frac: float, baseline: str, command: str,
+                 random_return: Callable[[str], float | None] = random_policy_return) -> list[Path]:
+    """Everything the report holds, from ``results``: ``learning_summary.md`` first, then the performance profile
+    (where a label ran on every task that normalises) and the per-task curves."""
+    summary = summarise(results, threshold_frac, baseline)
+    over = over_tasks(summary, random_return)
+    markdown = write_markdown(summary, out, threshold_frac, command, box_line(results), over)
+    profile = performance_profile(over, out)
+    return [markdown, *([profile] if profile else []), *plot_curves(results, out, baseline)]
+
+
+# ------------------------------------------------------------------------------------------------ curves
+#: the panels of a task's curves: (x key, y key, x label, y label); x "train_s" is the wall-clock panel
+CURVE_PANELS = (("steps", "return", "env steps", "evaluation return"),
+                ("train_s", "return", "training wall-clock s (evaluation excluded)", "evaluation return"),
+                ("steps", "forward_distance", "env steps", "forward distance (m)"),
+                ("steps", "length", "env steps", "episode length (steps)"))
+
+
+def _plot_label(axes: Any, runs: list[Run], label: str, color: Any) -> None:
+    """One label's lines in every panel: the IQM over seeds at each evaluation (the first evaluations every seed
+    has), its bootstrap band, at the seeds' mean x; a panel whose value some run did not record stays empty."""
+    n = min(len(r["curve"]) for r in runs)
+    bands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for ax, (x_key, y_key, _, _) in zip(axes, CURVE_PANELS):
+        values = [[p.get(y_key) for p in r["curve"][:n]] for r in runs]
+        if any(v is None for row in values for v in row):
+            continue
+        if y_key not in bands:
+            bands[y_key] = intervals.iqm_curve(values)
+        iqm, low, high = bands[y_key]
+        x = np.mean([[p[x_key] for p in r["curve"][:n]] for r in runs], axis=0)
+        ax.plot(x, iqm, color=color, label=f"{label} ({len(runs)} seeds)")
+        ax.fill_between(x, low, high, color=color, alpha=0.15)
+
+
+def step_cost_title(results: list[Run], task: str) -> str:
+    """The wall-clock panel's title: the task's raw env step cost as its runs recorded it (:func:`env_step_us`)."""
+    step_us = env_step_us(results, task)
+    return "raw env step: " + (f"{step_us:.0f} us (gym.make, one env, random actions; median over runs)"
+                               if step_us is not None else "not recorded for these runs")
+
+
+def plot_curves(results: list[Run], out: Path, baseline: str = "sb3_ppo") -> list[Path]:
+    """``<out>/learning_<task>.png`` per task: evaluation return against env steps and against training wall-clock
+    seconds (its title: the box's raw env step cost), forward distance and episode length against env steps; per
+    label the IQM over seeds with a 95% bootstrap band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for task in sorted({r["task"] for r in results}):
+        labels = sorted({r["algo"] for r in results if r["task"] == task}, key=lambda a: label_order(a, baseline))
+        fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(21, 4.8))
+        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
+        for label, color in zip(labels, colors):
+            _plot_label(axes, [r for r in results if r["task"] == task and r["algo"] == label], label, color)
+        for ax, (_, _, xlabel, ylabel) in zip(axes, CURVE_PANELS):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if not ax.lines:  # e.g. forward distance of an env without an x position
+                ax.text(0.5, 0.5, "not recorded for this task", ha="center", va="center", transform=ax.transAxes)
+        axes[1].set_title(step_cost_title(results, task), fontsize=9)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{task}: the Scalable classes and the classes they extend, config entries in the labels "
+                     "(line: IQM over seeds; band: 95% bootstrap interval)")
+        fig.tight_layout()
+        path = out / f"learning_{path_part(task)}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
