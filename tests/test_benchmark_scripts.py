@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,5 +171,55 @@ def test_kl_vs_clip_runs_record_curves_and_the_report_names_the_setting_the_pape
     assert len(runs) == 12 and all(run["steps"] == 2048 for run in runs)
     steps = [point[0] for point in runs[0]["curve"]]
     assert steps and steps == sorted(steps) and steps[-1] <= 2048 and all(point[2] >= 1 for point in runs[0]["curve"])
+    seconds = [point[3] for point in runs[0]["curve"]]  # wall and CPU seconds since learn() started
+    assert seconds == sorted(seconds) and all(len(point) == 5 for point in runs[0]["curve"])
     table = (tmp_path / "kl_vs_clip.md").read_text()
     assert "| clip eps=0.2 + adaptive KL d_targ=0.01 |" in table and "| not in the paper |" in table
+    assert "**Early-learning view**" in table and "stratified bootstrap" in table
+    assert (tmp_path / "kl_vs_clip_curves.png").stat().st_size > 10_000
+    refused = subprocess.run([sys.executable, str(script), "run", "--claims", *common], env=env, capture_output=True,
+                             text=True, timeout=600)
+    assert refused.returncode == 2 and "--claims needs HalfCheetah-v5 among --tasks" in refused.stderr
+
+
+def _kl_vs_clip() -> Any:
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    from benchmarks import kl_vs_clip
+
+    return kl_vs_clip
+
+
+def _claim_run(setting: str, seed: int, final: float, rise_at: int, steps: int = 100_000, seconds: float = 100.0) -> dict:
+    """A HalfCheetah-v5 run whose windows (10 000 steps, 10 episodes each) return 0 before ``rise_at`` and
+    ``final`` from there on, ``seconds`` of wall clock spread evenly."""
+    curve = [[s, final if s >= rise_at else 0.0, 10, seconds * s / steps, seconds * s / steps]
+             for s in range(10_000, steps + 1, 10_000)]
+    return dict(task="HalfCheetah-v5", setting=setting, seed=seed, steps=steps, seconds=seconds,
+                last_returns=[final] * 100, curve=curve)
+
+
+def test_kl_vs_clip_claims_reuse_and_equal_wall_clock_verdicts() -> None:
+    k = _kl_vs_clip()
+    runs = []
+    for seed, jitter in enumerate((-10.0, 0.0, 10.0)):
+        runs += [_claim_run(k.ONE_EPOCH, seed, 1000 + jitter, rise_at=100_000),  # reaches 1000 only at the end
+                 _claim_run(k.REFERENCE, seed, 3000 + jitter, rise_at=10_000),  # 10 epochs: from the first window
+                 # policy gradient: 3x the steps in 3x the time, 1500 until PPO's 100 s, then 9000 (too late to count)
+                 _claim_run(k.PG, seed, 1500 + jitter, rise_at=10_000, steps=300_000, seconds=300.0)]
+        runs[-1]["curve"] = [p if p[3] <= 100.0 else [*p[:1], 9000.0, *p[2:]] for p in runs[-1]["curve"]]
+    text = "\n".join(k.claim_lines(runs))
+    assert "| 1 | 1000 [990, 1010] | 100,000 | 1.0 [1.0, 1.0] |" in text
+    assert "| 10 | 3000 [2990, 3010] | 10,000 | 10.0 [10.0, 10.0] |" in text
+    assert "Verdict: **holds** at the best epoch count" in text
+    assert "policy gradient 1500 [1490, 1510]" in text and "(100,000 env steps on average)" in text
+    assert "verdict: **does not hold (below 2.3x)**" in text  # 3000 / 1500 = 2.0
+
+
+def test_kl_vs_clip_verdicts() -> None:
+    k = _kl_vs_clip()
+    from sb3_ppo_scale.experiments.intervals import Estimate
+
+    assert k.verdict(Estimate(2.5, 2.2, 2.8), 2.3) == "holds"
+    assert k.verdict(Estimate(1.5, 1.2, 1.8), 2.3) == "does not hold (below 2.3x)"
+    assert k.verdict(Estimate(1.1, 0.9, 1.3), 2.3) == "not distinguishable"
+    assert k.verdict(Estimate(0.5, 0.4, 0.6), 2.3) == "does not hold (the other side is better)"

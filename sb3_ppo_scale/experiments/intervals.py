@@ -185,19 +185,35 @@ def probability_of_improvement(x: Sequence[float] | np.ndarray, y: Sequence[floa
     return Estimate(float(points["x,y"]), float(intervals["x,y"][0, 0]), float(intervals["x,y"][1, 0]))
 
 
-def ratio_of_means(x: Sequence[float], y: Sequence[float], resamples: int = RESAMPLES, seed: int = 0) -> Estimate:
-    """mean(x) / mean(y) of two independent groups of runs of one task (e.g. the returns of two methods' seeds),
-    each group resampled on its own; nan where mean(y) is 0 or either group is empty."""
-    vx, vy = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if vx.size == 0 or vy.size == 0 or vy.mean() == 0:
+def of_groups(statistic: Callable[..., float], *groups: Sequence[Any] | np.ndarray, resamples: int = RESAMPLES,
+              seed: int = 0) -> Estimate:
+    """``statistic(*groups)`` with a percentile bootstrap interval that resamples each group's runs (rows: e.g. one
+    seed's return, or one seed's whole learning curve) independently of the others: arch's
+    IndependentSamplesBootstrap, the bootstrap rliable builds on. nan where a group is empty or the statistic is."""
+    arrays = [np.asarray(group, dtype=float) for group in groups]
+    if any(a.shape[0] == 0 for a in arrays):
         return NOT_AVAILABLE
+    point = float(statistic(*arrays))
+    if not np.isfinite(point):
+        return Estimate(point, float("nan"), float("nan"))
+    if all(np.all(a == a[0]) for a in arrays):  # every run alike: nothing to resample
+        return Estimate(point, point, point)
+    from arch.bootstrap import IndependentSamplesBootstrap
 
+    bootstrap = IndependentSamplesBootstrap(*arrays, seed=seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low, high = np.ravel(bootstrap.conf_int(lambda *a: np.array([statistic(*a)]), reps=resamples,
+                                                method="percentile", size=CONFIDENCE))
+    return Estimate(point, float(low), float(high))
+
+
+def ratio_of_means(x: Sequence[float], y: Sequence[float], resamples: int = RESAMPLES, seed: int = 0) -> Estimate:
+    """mean(x) / mean(y) of two independent groups of runs (e.g. two methods' seeds on one task), each group
+    resampled on its own (:func:`of_groups`); nan where a group is empty or mean(y) is 0."""
     def ratio(a: np.ndarray, b: np.ndarray) -> float:
         return float(a.mean() / b.mean()) if b.mean() != 0 else float("nan")
 
-    points, bounds = _estimates({"x/y": (vx.reshape(-1, 1), vy.reshape(-1, 1))}, ratio, resamples, seed)
-    low, high = np.ravel(bounds["x/y"])
-    return Estimate(float(points["x/y"]), float(low), float(high))
+    return of_groups(ratio, x, y, resamples=resamples, seed=seed)
 
 
 def normalised(returns: np.ndarray, zero: Sequence[float], one: Sequence[float]) -> np.ndarray:
