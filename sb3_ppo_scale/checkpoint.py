@@ -145,7 +145,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def _env_rng_states(env: VecEnv) -> tuple[list[Any] | None, str]:
+def env_rng_states(env: VecEnv) -> tuple[list[Any] | None, str]:
     """Each env's ``np_random`` bit-generator state, or None and why it cannot be read."""
     try:
         generators = env.get_attr("np_random")
@@ -156,7 +156,7 @@ def _env_rng_states(env: VecEnv) -> tuple[list[Any] | None, str]:
     return [copy.deepcopy(g.bit_generator.state) for g in generators], ""
 
 
-def _set_env_rng_states(env: VecEnv, states: list[Any]) -> str:
+def set_env_rng_states(env: VecEnv, states: list[Any]) -> str:
     """Put each env's ``np_random`` state back; returns "" or why it could not (the env is not one that exposes it,
     e.g. an EnvPool VecEnv resuming a DummyVecEnv run)."""
     try:
@@ -236,7 +236,7 @@ def capture_env_side(model: BaseAlgorithm) -> dict[str, Any]:
     """The part of a boundary read from the envs (possibly in other processes): each env's RNG state and the episodes
     in progress."""
     env = model.get_env()
-    env_rng, env_rng_note = _env_rng_states(env) if env is not None else (None, "no env")
+    env_rng, env_rng_note = env_rng_states(env) if env is not None else (None, "no env")
     return {"env_rng": env_rng, "env_rng_note": env_rng_note, **_episodes(env)}
 
 
@@ -405,7 +405,7 @@ def _restore_env(model: BaseAlgorithm, local: dict[str, Any]) -> tuple[bool, str
     if vec_normalize is not None:
         model._last_original_obs = vec_normalize.get_original_obs()
     # not captured (and why), or captured and put back ("") or not (why)
-    rng_note = local["env_rng_note"] if local["env_rng"] is None else _set_env_rng_states(env, local["env_rng"])
+    rng_note = local["env_rng_note"] if local["env_rng"] is None else set_env_rng_states(env, local["env_rng"])
     episodes = local.get("episodes")  # checkpoints written before episodes were captured hold none
     if episodes is None or rng_note or not restore_episodes(env, episodes):
         return False, rng_note
@@ -780,5 +780,6 @@ def resume_train_model(path: Path, env: VecEnv, device: str, n_timesteps: int) -
 
 __all__ = [
     "CHECKPOINT_VERSION", "PREEMPTED_EXIT_CODE", "NonFiniteCheckpointError", "ResumableCheckpoint", "TrainingPreempted",
-    "capture_boundary", "learn_resumable", "load_checkpoint", "read_checkpoint", "resume_notes", "save_checkpoint",
+    "capture_boundary", "env_rng_states", "learn_resumable", "load_checkpoint", "read_checkpoint", "resume_notes",
+    "save_checkpoint", "set_env_rng_states",
 ]

@@ -153,7 +153,7 @@ def test_without_env_rng_the_resume_differs(tmp_path: Path, monkeypatch: pytest.
 
     reference = make_model("plain")
     reference.learn(TOTAL)
-    monkeypatch.setattr(checkpoint_module, "_set_env_rng_states", lambda env, states: None)
+    monkeypatch.setattr(checkpoint_module, "set_env_rng_states", lambda env, states: None)
     resumed = preempt_and_resume("plain", tmp_path / "checkpoint.pt")
     assert not th.equal(th.cat([p.flatten() for p in reference.policy.parameters()]),
                         th.cat([p.flatten() for p in resumed.policy.parameters()]))

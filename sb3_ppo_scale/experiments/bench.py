@@ -23,11 +23,16 @@ Protocol (docs/benchmarks.md states it in full):
   ``<out>/runs/<task>__<label>__seed<k>.json``; existing files are skipped (resumable) when they hold the run the
   command asks for (same budget, evaluation settings and entry hyperparameters; else an error names the difference);
   ``--report-only`` only rebuilds the tables and plots.
+- Within a run, a checkpoint every ``--checkpoint-every`` env steps (default 100 000; 0: none) and on
+  SIGTERM/SIGINT, in ``<out>/checkpoints/`` (:mod:`sb3_ppo_scale.experiments.bench_resume`): the same command resumes
+  the run from it, exactly, and its run JSON is that of the uninterrupted run but for the clocks and ``resumed_at``.
+  SIGTERM/SIGINT to bench reach its workers; bench exits with code 75 once their checkpoints are written.
 - Per evaluation (every ``--eval-every`` env steps, ``--eval-episodes`` deterministic episodes, VecNormalize
   statistics frozen, rewards unnormalised) the run JSON records the mean return, mean episode length, mean
   forward distance (x position at the episode's end minus at its start, MuJoCo envs; ``null`` elsewhere), the
-  mean length of the last 100 training episodes, and the training wall-clock and CPU seconds (evaluation
-  excluded). The final evaluation (``--final-episodes`` episodes) follows the last update.
+  mean length of the last 100 training episodes, and the training wall-clock and CPU seconds (evaluation and
+  checkpoints excluded). The final evaluation (``--final-episodes`` episodes) follows the last update. Evaluation
+  runs on Gymnasium's envs in one process, also for entries with ``vec_env: envpool`` / ``scale``.
 - Threshold per task: ``max(--threshold-frac x the baseline label's mean final return, floor)``, with the floors
   of ``learning_report.THRESHOLD_FLOORS`` set above known plateaus (Hopper-v5: 1500, which a policy standing still
   cannot reach). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
@@ -44,18 +49,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
+import os
+import signal
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
+from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE, TrainingPreempted, learn_resumable
 from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments import learning_report
 from sb3_ppo_scale.experiments.algorithms import ALGO_CLASSES, BASELINES, family, label_order, parse_label, with_pairs
-from sb3_ppo_scale.experiments.pipeline import path_part, seed_argument
+from sb3_ppo_scale.experiments.bench_resume import (
+    DEFAULT_CHECKPOINT_EVERY,
+    UNCHECKPOINTED,
+    RunCheckpoint,
+    read_sidecar,
+    remove_checkpoint,
+    resume,
+    run_in_workers,
+    sidecar_path,
+    stop_requested,
+)
+from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, path_part, seed_argument
+from sb3_ppo_scale.tuning import preemption
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
@@ -69,7 +88,8 @@ EXECUTION_ONLY_KEYS = ("grad_accum_steps", "buffer_device", "cuda_graphs", "comp
 # ------------------------------------------------------------------------------------------------ evaluation
 class ForwardDistance(gym.Wrapper):
     """Adds ``info["forward_distance"]``: x position now minus at the last reset (MuJoCo: ``data.qpos[0]``, in
-    metres), or ``info["x_position"]`` where the env reports it; absent for envs with neither."""
+    metres), or ``info["x_position"]`` where the env reports it; absent for envs with neither. Its episode state (the
+    x at the reset) is captured and restored with the env's (:mod:`sb3_ppo_scale.envs.episodes`)."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
@@ -85,6 +105,12 @@ class ForwardDistance(gym.Wrapper):
         obs, info = self.env.reset(**kwargs)
         self._start = self._x(info)
         return obs, info
+
+    def get_episode_state(self) -> float | None:
+        return self._start
+
+    def set_episode_state(self, state: float | None) -> None:
+        self._start = state
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -127,11 +153,16 @@ def _config_for(config: Any, algo: str) -> tuple[Any, list[str]]:
 
 
 def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval_episodes: int, final_episodes: int,
-            config_path: str | None, out_file: str, workers: int = 1) -> str:
+            config_path: str | None, out_file: str, workers: int = 1, checkpoint: str | None = None,
+            checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY) -> str:
     """Train one (task, label, seed) for ``budget`` env steps and write its JSON result; returns the file path.
     ``config_path`` None: the label's algorithm's config (``configs/scalable_ppo.yml`` or ``configs/contrib.yml``).
-    ``workers``: how many runs the benchmark runs at once (recorded with the box's load, :func:`box_conditions`)."""
-    import dataclasses
+    ``workers``: how many runs the benchmark runs at once (recorded with the box's load, :func:`box_conditions`).
+    ``checkpoint``: the run's checkpoint file (None: no mid-run checkpoints; so too for the labels of
+    :data:`~sb3_ppo_scale.experiments.bench_resume.UNCHECKPOINTED`): resumed from when it exists, written every
+    ``checkpoint_every`` env steps (>= 1; default 100 000) and on SIGTERM/SIGINT (then
+    :class:`~sb3_ppo_scale.checkpoint.TrainingPreempted` is raised and no JSON is written), deleted with its sidecar
+    once the JSON is written."""
     import importlib
 
     import torch as th
@@ -141,29 +172,98 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
     th.set_num_threads(1)
     algo, variant = parse_label(label)
     config, dropped = _config_for(zoo.load_config(config_path, task, variant, algo=family(algo).name), algo)
-    box = box_conditions(task, workers)  # after the config, which registers the task's env (NoVel, masking, ALE)
     module, _, name = ALGO_CLASSES[algo].rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    settings = {"budget": budget, "eval_every": eval_every, "eval_episodes": eval_episodes,
+                "final_episodes": final_episodes, "hyperparams": recorded_hyperparams(config, dropped)}
+    path = None if checkpoint is None or algo in UNCHECKPOINTED else Path(checkpoint)
+    box = None if path is not None and path.is_file() else box_conditions(task, workers)  # after the config (envs)
     env = zoo.make_envs(config, seed=seed)
-    eval_config = dataclasses.replace(config, env_wrappers=[*config.env_wrappers, (ForwardDistance, {})])
-    eval_env = zoo.make_envs(eval_config, n_envs=min(eval_episodes, 5), seed=seed + 10_000, eval_env=True)
-    model = zoo.build_model(config, env, algo=getattr(importlib.import_module(module), name), seed=seed, device="cpu")
+    eval_env = evaluation_envs(config, eval_episodes, seed)
+    check_same_observations(env, eval_env, config)
     timer = _make_callback(eval_env, eval_every, eval_episodes)
-    model.learn(total_timesteps=budget, callback=timer)
+    if box is None:
+        model, run, on_disk = _resumed(path, env, cls, timer, settings)
+    else:
+        model = zoo.build_model(config, env, algo=cls, seed=seed, device="cpu")
+        run, on_disk = {"settings": settings, "box": box, "resumed_at": []}, None
+    if path is None:
+        model.learn(total_timesteps=budget, callback=[preemption.PreemptionCheck(), timer])
+    else:
+        learn_resumable(model, budget, RunCheckpoint(path, checkpoint_every, timer, run, on_disk), callback=timer)
     timer.evaluate(final_episodes)
+    _write_json(Path(out_file), _result(task, label, algo, seed, config, dropped, model, timer, run))
+    if path is not None:
+        remove_checkpoint(path)
+    return out_file
+
+
+def _resumed(path: Path, env: Any, cls: type, timer: Any, settings: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """:func:`~sb3_ppo_scale.experiments.bench_resume.resume`, and ValueError if the checkpoint's run was made with
+    other ``settings`` (budget, evaluation settings, hyperparameters) than these."""
+    model, run, on_disk = resume(path, env, cls, timer)
+    if run["settings"] != settings:
+        raise ValueError(f"{path} holds a run with other settings ({run['settings']}) than these ({settings}): delete "
+                         f"it and {sidecar_path(path).name} to start the run anew")
+    return model, run, on_disk
+
+
+def _result(task: str, label: str, algo: str, seed: int, config: Any, dropped: list[str], model: Any, timer: Any,
+            run: dict[str, Any]) -> dict[str, Any]:
+    """The run JSON of a finished run (``run``: its settings, box and ``resumed_at``)."""
     curve = _curve(timer)
     last = curve[-1]
-    result = {
-        "task": task, "algo": label, "algo_class": ALGO_CLASSES[algo], "seed": seed, "budget": budget,
-        "entry": config.entry, "dropped_for_sb3": dropped,
-        "hyperparams": recorded_hyperparams(config, dropped),
+    settings = run["settings"]
+    return {
+        "task": task, "algo": label, "algo_class": ALGO_CLASSES[algo], "seed": seed, "budget": settings["budget"],
+        "entry": config.entry, "dropped_for_sb3": dropped, "hyperparams": settings["hyperparams"],
         "steps": int(model.num_timesteps), "train_s": last["train_s"], "cpu_s": last["cpu_s"],
         "final_return": last["return"], "final_length": last["length"],
         "final_forward_distance": last["forward_distance"], "steps_per_s": model.num_timesteps / last["train_s"],
-        "torch_threads": 1, "eval_every": eval_every, "eval_episodes": eval_episodes,
-        "final_episodes": final_episodes, "curve": curve, "box": box,
+        "torch_threads": 1, "eval_every": settings["eval_every"], "eval_episodes": settings["eval_episodes"],
+        "final_episodes": settings["final_episodes"], "curve": curve, "box": run["box"],
+        "resumed_at": run["resumed_at"],
     }
-    Path(out_file).write_text(json.dumps(result, indent=1))
-    return out_file
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as indented JSON in ``path``, replacing it whole (a kill while writing leaves no partial run file,
+    which bench would take for a finished run)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)
+
+
+def evaluation_envs(config: Any, n_episodes: int, seed: int) -> Any:
+    """A run's evaluation envs: ``min(n_episodes, 5)`` Gymnasium envs in this process (DummyVecEnv, whatever the
+    entry's ``vec_env``: EnvPool's and the scale backends' envs take no wrappers), env ``i`` seeded
+    ``seed + EVAL_SEED_OFFSET + i``, with the entry's wrappers and :class:`ForwardDistance`, VecNormalize frozen.
+    An Atari entry on EnvPool or the scale backends gets SB3's ``AtariWrapper`` and 4 stacked frames, the
+    preprocessing EnvPool's Atari envs reproduce (:mod:`sb3_ppo_scale.envs.tasks`)."""
+    import dataclasses
+
+    from stable_baselines3.common.atari_wrappers import AtariWrapper
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from sb3_ppo_scale.experiments import zoo
+
+    wrappers, frame_stack = list(config.env_wrappers), config.frame_stack
+    if config.vec_env in ("envpool", "scale") and zoo.is_atari(config.env_id):
+        wrappers, frame_stack = [(AtariWrapper, {}), *wrappers], 4
+    eval_config = dataclasses.replace(config, env_wrappers=[*wrappers, (ForwardDistance, {})],
+                                      frame_stack=frame_stack)
+    return zoo.make_envs(eval_config, n_envs=min(n_episodes, 5), seed=seed + EVAL_SEED_OFFSET, eval_env=True,
+                         vec_env_cls=DummyVecEnv)
+
+
+def check_same_observations(env: Any, eval_env: Any, config: Any) -> None:
+    """ValueError naming the entry unless the evaluation envs' observations have the training envs' kind and shape
+    (their dtypes may differ: EnvPool's MuJoCo envs give float32 where Gymnasium's give float64)."""
+    train, evaluation = env.observation_space, eval_env.observation_space
+    if type(train) is not type(evaluation) or train.shape != evaluation.shape:
+        raise ValueError(f"entry {config.entry!r} (vec_env {config.vec_env}): the evaluation env's observations "
+                         f"({evaluation}) are not laid out as the training env's ({train}); bench evaluates on "
+                         f"Gymnasium's {config.env_id} in one process")
 
 
 def recorded_hyperparams(config: Any, dropped: list[str]) -> dict[str, Any]:
@@ -197,13 +297,23 @@ def box_conditions(task: str, workers: int, steps: int = 2000) -> dict[str, Any]
 
 
 def _try_run(*args: Any) -> str:
-    """:func:`run_one`, with a config SB3 PPO cannot take reported instead of raised (no file is written)."""
+    """:func:`run_one` in a worker, with a config SB3 PPO cannot take reported instead of raised (no file is
+    written), and a stop signal reported: the run stopped with its checkpoint (or without one: it starts anew next
+    time), or was not started."""
+    run = f"{args[0]} {args[1]} seed {args[2]}"
+    if stop_requested():
+        return f"not started {run}: bench is stopping"
     try:
         return run_one(*args)
+    except TrainingPreempted as stopped:  # its checkpoint's handler caught the signal: this worker starts no more runs
+        preemption.remember(getattr(signal, stopped.signal_name, signal.SIGTERM))
+        return f"stopped {run}: {stopped}"
+    except preemption.TrialPreempted as stopped:
+        return f"stopped {run}: {stopped}, without a checkpoint (it starts anew next time)"
     except ValueError as error:
         if "does not take" not in str(error):
             raise
-        return f"skipped {args[0]} {args[1]} seed {args[2]}: {error}"
+        return f"skipped {run}: {error}"
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -234,6 +344,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--workers", type=int, default=1, help="parallel single-threaded runs (default 1)")
     parser.add_argument("--config", default=None, help="zoo-style YAML (default: each label's algorithm's config, "
                         "configs/scalable_ppo.yml or configs/contrib.yml)")
+    parser.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY, metavar="N",
+                        help="each run writes <out>/checkpoints/<run>.pt every N env steps and on SIGTERM/SIGINT; the "
+                             f"same command resumes from it (default {DEFAULT_CHECKPOINT_EVERY}; 0: no checkpoints)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (runs/ inside, resumable)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the tables and plots")
     return parser
@@ -255,14 +368,27 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[tuple[Any, ...]]:
     for seed in args.seeds:  # seed-major: a partial (interrupted) benchmark still pairs the labels on every task
         for task in args.tasks:
             for label in labels:
-                path = out / "runs" / f"{path_part(task)}__{label}__seed{seed}.json"
+                stem = f"{path_part(task)}__{label}__seed{seed}"
+                path, checkpoint = out / "runs" / f"{stem}.json", out / "checkpoints" / f"{stem}.pt"
                 if not path.exists():
+                    if args.checkpoint_every:
+                        _check_checkpoint(checkpoint, args, task, label)
                     jobs.append((task, label, seed, args.budget, args.eval_every, args.eval_episodes,
-                                 args.final_episodes, args.config, str(path), args.workers))
+                                 args.final_episodes, args.config, str(path), args.workers,
+                                 str(checkpoint) if args.checkpoint_every else None, args.checkpoint_every))
                 elif (different := _differs_from(json.loads(path.read_text()), args, task, label)) is not None:
                     raise ValueError(f"{path} holds a finished run with {different}: bench skips finished runs only "
                                      "for the same command; use another --out, or delete that file to run it again")
     return jobs
+
+
+def _check_checkpoint(checkpoint: Path, args: argparse.Namespace, task: str, label: str) -> None:
+    """ValueError when ``checkpoint`` (if it exists) holds another run than the one ``args`` asks for."""
+    if checkpoint.is_file() and (different := _differs_from(read_sidecar(checkpoint)["run"]["settings"], args, task,
+                                                             label)) is not None:
+        raise ValueError(f"{checkpoint} holds an interrupted run with {different}: bench resumes a run only for the "
+                         f"same command; use another --out, or delete it and {sidecar_path(checkpoint).name} to start "
+                         "that run anew")
 
 
 def _differs_from(run: dict[str, Any], args: argparse.Namespace, task: str, label: str) -> str | None:
@@ -346,6 +472,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     for name in COUNT_ARGUMENTS:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be >= 0 env steps (0: no checkpoints), got {args.checkpoint_every}")
     if not args.threshold_frac > 0:
         raise ValueError(f"--threshold-frac must be > 0, got {args.threshold_frac}")
     labels = with_pairs(args.algos)
@@ -362,10 +490,15 @@ def main(args: argparse.Namespace, command: str = "sb3-ppo-scale bench") -> int:
         raise FileNotFoundError(f"--report-only: no runs in {out / 'runs'}; run bench without --report-only first")
     jobs = _jobs(args, out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    print(f"{len(jobs)} runs to do, {args.workers} at a time")
-    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn")) as pool:
-        for done in pool.map(_try_run, *zip(*jobs)) if jobs else []:
-            print("done:", done, flush=True)
+    resumed = sum(job[10] is not None and Path(job[10]).is_file() for job in jobs)
+    print(f"{len(jobs)} runs to do ({resumed} resumed from their checkpoints), {args.workers} at a time", flush=True)
+    if run_in_workers(_try_run, jobs, args.workers):
+        print(f"bench stopped by a signal: each run in progress stopped (with its checkpoint in {out / 'checkpoints'}, "
+              f"see above); run the same command to continue (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr,
+              flush=True)
+        return PREEMPTED_EXIT_CODE
+    if (out / "checkpoints").is_dir() and not any((out / "checkpoints").iterdir()):
+        (out / "checkpoints").rmdir()  # every run finished: nothing to resume
     results = [r for r in learning_report.load_results(out) if r["task"] in args.tasks]
     markdown, *plots = learning_report.write_report(results, out, args.threshold_frac, args.baseline,
                                                     command_line(command, args, results))

@@ -8,7 +8,8 @@
   :func:`sb3_ppo_scale.envs.plan_scale` picks for this machine);
 - :data:`EVAL_SEED_OFFSET`: the evaluation env's seed is the run's seed plus this;
 - :class:`PeriodicEvalCallback`: deterministic evaluation every ``eval_freq`` env steps with frozen VecNormalize
-  statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``);
+  statistics, recording :class:`Evaluation` rows (the evaluation callback of ``train``, ``tune`` and ``bench``); its
+  :meth:`~PeriodicEvalCallback.state` / :meth:`~PeriodicEvalCallback.restore` carry it over an interruption;
 - :data:`DEFAULT_THREADS` and :func:`set_threads`: torch's intra-op threads for small policies;
 - :func:`path_part`: an env id or config entry as a file or folder name;
 - :func:`seed_argument` and :func:`device_argument`: argparse types of the commands' ``--seed`` and ``--device``.
@@ -30,8 +31,10 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize, sync_envs_normalization
 
+from sb3_ppo_scale.checkpoint import env_rng_states, set_env_rng_states
 from sb3_ppo_scale.core.checks import resolve_device
 from sb3_ppo_scale.core.ppo import ScalablePPO
+from sb3_ppo_scale.envs.episodes import capture_episodes, restore_episodes
 from sb3_ppo_scale.experiments.algorithms import constructor_keys
 from sb3_ppo_scale.experiments.algorithms import evaluate_policy  # sb3-contrib's masked one for a maskable model
 
@@ -153,6 +156,9 @@ class PeriodicEvalCallback(BaseCallback):
         (default none).
     :param at_rollout_start: check the schedule when a rollout starts instead of at every env step (default False),
         so each evaluation sees a new policy and ``timesteps`` is a rollout boundary.
+
+    The training clocks (:meth:`clocks`) leave out evaluation and whatever :meth:`exclude` is told; a run resumed in
+    another process continues them (and the evaluations, and the evaluation env's state) from :meth:`state`.
     """
 
     def __init__(self, eval_env: VecEnv, eval_freq: int, n_episodes: int = 5, deterministic: bool = True,
@@ -171,6 +177,8 @@ class PeriodicEvalCallback(BaseCallback):
         self._next = eval_freq
         self._excluded = self._cpu_excluded = 0.0
         self._start = self._cpu_start = 0.0
+        self._clocks_before = (0.0, 0.0)  # training (wall, CPU) seconds of the run before this process resumed it
+        self._eval_env_state: dict[str, Any] | None = None  # after the last evaluation (None: none yet)
 
     @property
     def returns(self) -> list[float]:
@@ -191,9 +199,52 @@ class PeriodicEvalCallback(BaseCallback):
                     self._episodes.append((list(map(float, returns)), list(map(int, lengths))))
         self._next = (num_timesteps // self.eval_freq + 1) * self.eval_freq
 
+    def clocks(self) -> tuple[float, float]:
+        """The training time so far: (wall-clock s, process CPU s), evaluation and :meth:`exclude`-d time left out,
+        a resumed run's earlier training included (0 before training starts)."""
+        return (time.perf_counter() - self._start - self._excluded + self._clocks_before[0],
+                time.process_time() - self._cpu_start - self._cpu_excluded + self._clocks_before[1])
+
+    def exclude(self, wall_s: float, cpu_s: float) -> None:
+        """Leave ``wall_s`` wall-clock and ``cpu_s`` CPU seconds (e.g. spent writing a checkpoint) out of the
+        training clocks."""
+        self._excluded += wall_s
+        self._cpu_excluded += cpu_s
+
+    def state(self) -> dict[str, Any]:
+        """What :meth:`restore` needs to continue this callback in another process (picklable), as it is now: the
+        :class:`Evaluation` rows (with each episode's return and length), the env steps at which the next one is
+        due, the training clocks (:meth:`clocks`, seconds) and the evaluation env's state after the last evaluation
+        (:meth:`_capture_eval_env`). The lists are copied, not their items (never changed): cheap at every rollout."""
+        train_s, cpu_s = self.clocks()
+        return {"evaluations": list(self.evaluations), "episodes": list(self._episodes), "next_eval": self._next,
+                "train_s": train_s, "cpu_s": cpu_s, "eval_env": self._eval_env_state}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state` (before ``learn()``): the evaluations so far (no evaluation at the start
+        again), the next one when the interrupted run would have made it, the clocks from the saved totals, and the
+        evaluation env (built as the saved one was) as it was after the last evaluation: so the next evaluations are
+        the uninterrupted run's where its state could be captured (its RNG, and the episode state of each env layer
+        that :mod:`sb3_ppo_scale.envs.episodes` knows)."""
+        self.evaluations, self._episodes = list(state["evaluations"]), list(state["episodes"])
+        self._next = int(state["next_eval"])
+        self._clocks_before = (float(state["train_s"]), float(state["cpu_s"]))
+        self._eval_env_state = saved = state["eval_env"]
+        if saved is not None:
+            self.eval_env.reset()  # uses up a pending seed(), which would reseed the envs at the next evaluation
+            if saved["rng"] is not None:
+                set_env_rng_states(self.eval_env, saved["rng"])
+            if saved["episodes"] is not None:
+                restore_episodes(self.eval_env, saved["episodes"])
+
+    def _capture_eval_env(self) -> dict[str, Any]:
+        """The evaluation env's state between evaluations: each env's RNG state and the episode state of its layers
+        (each None where it cannot be read)."""
+        return {"rng": env_rng_states(self.eval_env)[0], "episodes": capture_episodes(self.eval_env)[0]}
+
     def _on_training_start(self) -> None:
         self._start, self._cpu_start = time.perf_counter(), time.process_time()
-        if self.eval_at_start:
+        if self.eval_at_start and not self.evaluations:  # a resumed run has its start evaluation
             self.evaluate()
 
     def _on_step(self) -> bool:
@@ -217,6 +268,7 @@ class PeriodicEvalCallback(BaseCallback):
     def evaluate(self, n_episodes: int | None = None) -> Evaluation:
         """Run ``n_episodes`` (default: the callback's) episodes now, record and return the result."""
         paused, cpu_paused = time.perf_counter(), time.process_time()
+        train_s, cpu_s = self.clocks()
         training_env = self.model.get_env()
         if isinstance(training_env, VecNormalize):
             sync_envs_normalization(training_env, self.eval_env)
@@ -232,16 +284,16 @@ class PeriodicEvalCallback(BaseCallback):
         training = [episode["l"] for episode in (self.model.ep_info_buffer or [])]
         result = Evaluation(
             timesteps=int(self.num_timesteps), mean_return=float(np.mean(returns)), mean_length=float(np.mean(lengths)),
-            train_s=paused - self._start - self._excluded, cpu_s=cpu_paused - self._cpu_start - self._cpu_excluded,
+            train_s=train_s, cpu_s=cpu_s,
             episode_info={key: _mean_info(final_infos, key, len(returns)) for key in self.info_keys},
             train_length=float(np.mean(training)) if training else None,
         )
         self.evaluations.append(result)
         self._episodes.append((list(map(float, returns)), list(map(int, lengths))))
+        self._eval_env_state = self._capture_eval_env()
         if self.save_dir is not None:
             self._save(result)
-        self._excluded += time.perf_counter() - paused
-        self._cpu_excluded += time.process_time() - cpu_paused
+        self.exclude(time.perf_counter() - paused, time.process_time() - cpu_paused)
         if self.on_eval is not None:
             self.on_eval(result)
         return result

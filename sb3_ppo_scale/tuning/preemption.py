@@ -11,6 +11,9 @@ the re-queued trial runs first, from scratch (a trial's training is not checkpoi
 ``tune --workers N`` forwards a signal it receives to its worker processes and exits with the same code once they
 have stopped. A worker killed outright (SIGKILL, or a signal before its handler is installed) is still recovered by
 :func:`~sb3_ppo_scale.tuning.storage.recover_stale_trials` when ``tune`` runs again.
+
+``sb3-ppo-scale bench`` records and forwards signals with the same functions (:func:`install` in its worker
+processes, :func:`handling` with ``forward_as=SIGTERM`` in the parent); its runs stop with a checkpoint instead.
 """
 
 from __future__ import annotations
@@ -47,18 +50,27 @@ def received() -> int | None:
     return _received[0] if _received else None
 
 
-@contextmanager
-def handling(forward_to: Callable[[], list[int]] | None = None) -> Iterator[None]:
-    """Record SIGTERM/SIGINT instead of dying (main thread only), forwarding them to ``forward_to()``'s pids."""
+def remember(signum: int) -> None:
+    """Count ``signum`` as received (for :func:`received`) when another handler caught it, e.g. a run's
+    :class:`~sb3_ppo_scale.checkpoint.ResumableCheckpoint`."""
+    _received.append(signum)
+
+
+def install(forward_to: Callable[[], list[int]] | None = None, forward_as: int | None = None,
+            what: str = "the tuning worker(s)") -> dict[int, Any]:
+    """From now on record SIGTERM/SIGINT instead of dying (main thread only): the first one prints one line
+    (``received SIGTERM: stopping <what>``), and each is sent on to ``forward_to()``'s pids, as ``forward_as`` (a
+    signal number; default: the signal received). Returns the previous handlers ({} off the main thread: signals
+    are then the caller's business)."""
 
     def record(signum: int, frame: Any) -> None:
         first = not _received
-        _received.append(signum)
+        remember(signum)
         if first:
-            os.write(2, f"received {signal.Signals(signum).name}: stopping the tuning worker(s)\n".encode())
+            os.write(2, f"received {signal.Signals(signum).name}: stopping {what}\n".encode())
         for pid in forward_to() if forward_to is not None else []:
             try:
-                os.kill(pid, signum)
+                os.kill(pid, signum if forward_as is None else forward_as)
             except ProcessLookupError:
                 pass
 
@@ -66,8 +78,17 @@ def handling(forward_to: Callable[[], list[int]] | None = None) -> Iterator[None
     try:
         for signum in SIGNALS:
             previous[signum] = signal.signal(signum, record)
-    except ValueError:  # not the main thread: signals are the caller's business
+    except ValueError:  # not the main thread
         pass
+    return previous
+
+
+@contextmanager
+def handling(forward_to: Callable[[], list[int]] | None = None, forward_as: int | None = None,
+             what: str = "the tuning worker(s)") -> Iterator[None]:
+    """:func:`install` for the duration of the block (the previous handlers come back after it); Optuna's warnings
+    about the trial a signal stopped are dropped meanwhile (:func:`quiet_after_stop`)."""
+    previous = install(forward_to, forward_as, what)
     optuna_logger = logging.getLogger(OPTUNA_TRIAL_LOGGER)
     optuna_logger.addFilter(quiet_after_stop)
     try:
