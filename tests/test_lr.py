@@ -56,6 +56,31 @@ def test_learning_rate_follows_the_measured_kl_during_training() -> None:
     assert "train/kl_coef" not in model.logger.history  # PPO-Clip: no beta to adapt
 
 
+def test_annealed_target_decays_with_the_progress_remaining() -> None:
+    rule = KLAdaptiveLR(1e-3, target_kl=0.01, anneal_target=True)
+    assert rule.target(1.0) == 0.01 and rule.target(0.25) == pytest.approx(0.0025)
+    assert rule.adapt(0.006, progress_remaining=1.0) == pytest.approx(1e-3)  # within [0.005, 0.02]: kept
+    assert rule.adapt(0.006, progress_remaining=0.1) == pytest.approx(1e-3 / 1.5)  # above 2 x 0.001: down
+    constant = KLAdaptiveLR(1e-3, target_kl=0.01)
+    assert constant.adapt(0.006, progress_remaining=0.1) == pytest.approx(1e-3)  # the default ignores progress
+    with pytest.raises(ValueError, match="anneal_target must be True or False, got 'yes'"):
+        KLAdaptiveLR(anneal_target="yes")
+
+
+def test_training_adapts_to_the_annealed_target_at_each_update() -> None:
+    """The model hands the rule its progress remaining after each rollout (SB3's: 1 - steps / budget)."""
+    model = ScalablePPO("MlpPolicy", "Pendulum-v1", learning_rate=KLAdaptiveLR(anneal_target=True), **SMALL)
+    model.set_logger(HistoryLogger())
+    model.learn(6 * 128)
+    kls, lrs = model.logger.history["train/kl"], model.logger.history["train/learning_rate"]
+    rule = KLAdaptiveLR(anneal_target=True)
+    expected = [rule.value] + [rule.adapt(kl, 1 - (k + 1) / 6) for k, kl in enumerate(kls)]
+    assert lrs == pytest.approx(expected[:-1], rel=1e-12)
+    assert model.learning_rate.value == pytest.approx(expected[-1])
+    constant = KLAdaptiveLR()
+    assert [constant.value] + [constant.adapt(kl) for kl in kls] != expected  # the annealing changed the rates
+
+
 def test_adapted_rate_survives_save_and_load(tmp_path) -> None:
     model = ScalablePPO("MlpPolicy", "Pendulum-v1", learning_rate=KLAdaptiveLR(1e-3, target_kl=1e-6), **SMALL)
     model.learn(2 * 128)

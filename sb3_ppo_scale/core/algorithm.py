@@ -569,7 +569,7 @@ class ScalableOnPolicyMixin:
             self.logger.record("train/kl_estimator", settings.kl_estimator, exclude="tensorboard")
             self._objective.beta.adapt(measured_kl)  # type: ignore[attr-defined]
         if isinstance(self.learning_rate, KLAdaptiveLR):
-            self.learning_rate.adapt(measured_kl)
+            self.learning_rate.adapt(measured_kl, self._current_progress_remaining)
 
 
 def env_major(buffer: Any, array: np.ndarray) -> np.ndarray:

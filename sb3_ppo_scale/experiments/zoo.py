@@ -159,7 +159,7 @@ def parse_schedule(value: Any, key: str = "learning_rate") -> float | LinearSche
 
 
 #: the arguments a ``{kl_adaptive: {...}}`` learning rate may set
-KL_ADAPTIVE_ARGUMENTS = ("initial", "target_kl", "factor", "min_lr", "max_lr")
+KL_ADAPTIVE_ARGUMENTS = ("initial", "target_kl", "factor", "min_lr", "max_lr", "anneal_target")
 
 
 def _kl_adaptive(value: str | dict[str, Any]) -> KLAdaptiveLR:

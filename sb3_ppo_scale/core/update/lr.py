@@ -31,10 +31,13 @@ class KLAdaptiveLR:
     :param factor: the multiplicative step (default 1.5), finite, > 1.
     :param min_lr: lower bound (default 1e-5), finite, > 0.
     :param max_lr: upper bound (default 1e-2), > 0 (``math.inf``: none).
+    :param anneal_target: when True, the KL target decays linearly to 0 over the ``learn()`` budget (``target_kl``
+        times the progress remaining), so the updates shrink toward the end of training as with ``lin_<x>``
+        learning rates, while the rate still follows the measured KL (default False: a constant target).
     """
 
     def __init__(self, initial: float = 3e-4, target_kl: float = 0.01, factor: float = 1.5, min_lr: float = 1e-5,
-                 max_lr: float = 1e-2) -> None:
+                 max_lr: float = 1e-2, anneal_target: bool = False) -> None:
         # `not 0 < value < inf` refuses nan too: a nan factor makes the rate nan after the first update (nan
         # parameters), a nan target never adapts it
         for name, value in (("initial", initial), ("target_kl", target_kl), ("min_lr", min_lr)):
@@ -48,24 +51,36 @@ class KLAdaptiveLR:
             raise ValueError(f"KLAdaptiveLR min_lr must be <= max_lr, got min_lr={min_lr!r} and max_lr={max_lr!r}")
         if not min_lr <= initial <= max_lr:
             raise ValueError(f"KLAdaptiveLR initial must lie in [min_lr, max_lr] = [{min_lr:g}, {max_lr:g}], got {initial!r}")
+        if not isinstance(anneal_target, bool):
+            raise ValueError(f"KLAdaptiveLR anneal_target must be True or False, got {anneal_target!r}")
         self.value, self.target_kl, self.factor = float(initial), float(target_kl), float(factor)
+        self.anneal_target = anneal_target
         self.min_lr, self.max_lr = float(min_lr), float(max_lr)
 
     def __call__(self, progress_remaining: float) -> float:
         """The current learning rate (SB3's schedule interface; the progress is not used)."""
         return self.value
 
-    def adapt(self, measured_kl: float) -> float:
-        """Apply the rule to ``measured_kl`` (the update's mean KL); returns the new learning rate."""
-        if measured_kl > 2 * self.target_kl:
+    def target(self, progress_remaining: float = 1.0) -> float:
+        """The KL target at ``progress_remaining`` (1 at the start of ``learn()``, 0 at its end): ``target_kl``, or
+        ``target_kl * progress_remaining`` with ``anneal_target``."""
+        annealed = getattr(self, "anneal_target", False)  # rules pickled before the option existed: constant
+        return self.target_kl * progress_remaining if annealed else self.target_kl
+
+    def adapt(self, measured_kl: float, progress_remaining: float = 1.0) -> float:
+        """Apply the rule to ``measured_kl`` (the update's mean KL) against :meth:`target` at ``progress_remaining``;
+        returns the new learning rate."""
+        target = self.target(progress_remaining)
+        if measured_kl > 2 * target:
             self.value /= self.factor
-        elif measured_kl < self.target_kl / 2:
+        elif measured_kl < target / 2:
             self.value *= self.factor
         self.value = min(max(self.value, self.min_lr), self.max_lr)
         return self.value
 
     def __repr__(self) -> str:
-        return (f"KLAdaptiveLR(value={self.value:g}, target_kl={self.target_kl:g}, factor={self.factor:g}, "
+        annealed = ", target annealed" if getattr(self, "anneal_target", False) else ""
+        return (f"KLAdaptiveLR(value={self.value:g}, target_kl={self.target_kl:g}{annealed}, factor={self.factor:g}, "
                 f"bounds=[{self.min_lr:g}, {self.max_lr:g}])")
 
 
