@@ -20,6 +20,7 @@ Runs are independent single-threaded processes cached as JSON under ``--out/runs
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -134,8 +135,10 @@ def run_one(task: str, setting: str, seed: int, steps: int, out: Path, window: i
     return f"{task} | {setting} | seed {seed}: {np.mean(returns):9.1f} ({record['seconds']:.0f} s)"
 
 
+@functools.cache
 def random_score(task: str) -> float:
-    """Mean return of a uniformly random policy over 20 episodes (the paper's 0 of the normalised score)."""
+    """Mean return of a uniformly random policy over 20 episodes (the paper's 0 of the normalised score); computed
+    once per task and process (the report reads it for the normalisation and again for its line of scores)."""
     from sb3_ppo_scale.experiments.learning_report import random_policy_return
 
     score = random_policy_return(task, episodes=20)
@@ -330,20 +333,20 @@ def pg_lines(ppo: list[dict[str, Any]], pg: list[dict[str, Any]]) -> list[str]:
         return []
     seconds = float(np.median([r["seconds"] for r in ppo]))
     ppo_scores, pg_scores = [score(r) for r in ppo], [returns_at_seconds(r, seconds) for r in pg]
-    ratio = intervals.ratio_of_means(ppo_scores, pg_scores)
+    ppo_mean, pg_mean = intervals.mean(ppo_scores), intervals.mean(pg_scores)
     pg_steps = [max((p[0] for p in r["curve"] if p[3] <= seconds), default=0) for r in pg]
     lines = [f"**PPO against vanilla policy gradient in the same time (\"2.3x the final return\")**: PPO's score after "
-             f"{ppo[0]['steps']:,} steps ({seconds:.0f} s wall, median of its runs; 2 runs at a time, one thread each) "
+             f"{ppo[0]['steps']:,} steps ({seconds:.0f} s wall, median of its runs; one thread a run, both settings from the same command on the same box) "
              f"against the policy-gradient setting's ({PG}) last {LAST_EPISODES} training episodes before the same "
              f"wall clock ({np.mean(pg_steps):,.0f} env steps on average).", "",
-             f"- PPO {intervals.mean(ppo_scores).text()}; policy gradient {intervals.mean(pg_scores).text()}."]
-    if np.mean(pg_scores) <= 0:  # no ratio: compare the intervals
-        ppo_mean, pg_mean = intervals.mean(ppo_scores), intervals.mean(pg_scores)
+             f"- PPO {ppo_mean.text()}; policy gradient {pg_mean.text()}."]
+    if pg_mean.point <= 0:  # no ratio: compare the intervals
         apart = ppo_mean.low > pg_mean.high or ppo_mean.high < pg_mean.low
         result = ("holds" if ppo_mean.low > max(pg_mean.high, 0.0) else "does not hold" if apart
                   else "not distinguishable")
         return lines + [f"- The policy gradient's mean return is not positive, so there is no ratio; verdict from the "
                         f"two intervals: **{result}**.", ""]
+    ratio = intervals.ratio_of_means(ppo_scores, pg_scores)
     return lines + [f"- Ratio of means {ratio.text(2)}; verdict: **{verdict(ratio, 2.3)}** (claimed 2.3x).", ""]
 
 

@@ -36,6 +36,9 @@ class KLAdaptiveLR:
         learning rates, while the rate still follows the measured KL (default False: a constant target).
     """
 
+    #: class default, so that a rule pickled before the option existed (saved models, checkpoints) keeps a constant target
+    anneal_target: bool = False
+
     def __init__(self, initial: float = 3e-4, target_kl: float = 0.01, factor: float = 1.5, min_lr: float = 1e-5,
                  max_lr: float = 1e-2, anneal_target: bool = False) -> None:
         # `not 0 < value < inf` refuses nan too: a nan factor makes the rate nan after the first update (nan
@@ -64,8 +67,7 @@ class KLAdaptiveLR:
     def target(self, progress_remaining: float = 1.0) -> float:
         """The KL target at ``progress_remaining`` (1 at the start of ``learn()``, 0 at its end): ``target_kl``, or
         ``target_kl * progress_remaining`` with ``anneal_target``."""
-        annealed = getattr(self, "anneal_target", False)  # rules pickled before the option existed: constant
-        return self.target_kl * progress_remaining if annealed else self.target_kl
+        return self.target_kl * progress_remaining if self.anneal_target else self.target_kl
 
     def adapt(self, measured_kl: float, progress_remaining: float = 1.0) -> float:
         """Apply the rule to ``measured_kl`` (the update's mean KL) against :meth:`target` at ``progress_remaining``;
@@ -79,7 +81,7 @@ class KLAdaptiveLR:
         return self.value
 
     def __repr__(self) -> str:
-        annealed = ", target annealed" if getattr(self, "anneal_target", False) else ""
+        annealed = ", target annealed" if self.anneal_target else ""
         return (f"KLAdaptiveLR(value={self.value:g}, target_kl={self.target_kl:g}{annealed}, factor={self.factor:g}, "
                 f"bounds=[{self.min_lr:g}, {self.max_lr:g}])")
 
