@@ -86,6 +86,7 @@ CASES: dict[str, dict[str, Any]] = {
     "prioritized": {"rollout_buffer_class": PrioritizedRolloutBuffer,
                     "rollout_buffer_kwargs": {"priority": "reward", "capacity": 2 * ROLLOUT, "high_fraction": 0.5}},
     "gsde": {"use_sde": True, "sde_sample_freq": 8},
+    "recipe_terms": {"normalize_value": True, "mean_bound_coef": 0.01, "clip_range_vf": 0.2},
 }
 
 

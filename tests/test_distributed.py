@@ -54,6 +54,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "target_kl": dict(target_kl=0.0005),
     "grad_accum": dict(grad_accum_steps=3),
     "kl_penalty": dict(objective="kl_penalty", kl_penalty_target=1e-4),  # beta adapts (doubles)
+    # the value head's statistics fold the returns of both ranks (Pendulum's action box is [-2, 2])
+    "recipe_terms": dict(normalize_value=True, mean_bound_coef=0.1, clip_range_vf=0.2),
 }
 #: float32 sums in another order (all-reduce of per-rank gradients, float64 advantage moments) then Adam steps
 ATOL = 1e-6
@@ -208,6 +210,8 @@ def test_two_ranks_update_equals_one_process_on_the_union(exactness, name: str) 
     steps = ranks[0]["n_grad_steps"] - ranks[0]["grad_steps_before"]  # the last update's optimizer steps
     assert ranks[1]["n_grad_steps"] - ranks[1]["grad_steps_before"] == steps == reference._n_grad_steps
     assert steps < 9 if name == "target_kl" else steps == 9  # 3 minibatches x 3 epochs unless the KL stop fired
+    if name == "recipe_terms":  # both ranks' returns folded in: 2 rollouts x 2 ranks x 64 samples
+        assert float(ranks[0]["final"]["value_net.moments"][2]) == 2 * WORLD * N_STEPS * N_ENVS
     if name == "kl_penalty":  # beta adapted on the all-reduced KL: same on both ranks and in the reference
         assert ranks[0]["beta"] == ranks[1]["beta"] == pytest.approx(reference.kl_beta, rel=1e-6)
         assert ranks[0]["beta"] != 1.0

@@ -182,7 +182,8 @@ def test_every_added_argument_reaches_the_config() -> None:
 
     chosen = dict(grad_accum_steps=2, buffer_device="cpu", objective="kl_penalty", kl_coef=0.5, kl_penalty_target=0.02,
                   kl_adapt_factor=3.0, kl_adapt_tolerance=2.0, cuda_graphs=True, compile_loss=True, nonfinite="raise",
-                  collect_device="cpu", overlap_collection=True, update_threads=2)
+                  collect_device="cpu", overlap_collection=True, update_threads=2, normalize_value=True,
+                  mean_bound_coef=0.1)
     fields = dataclasses.fields(ScaleConfig)
     assert set(chosen) == {field.name for field in fields}
     assert all(chosen[field.name] != field.default for field in fields)  # a forgotten one would show
@@ -190,7 +191,8 @@ def test_every_added_argument_reaches_the_config() -> None:
     stored = ScalablePPO("MlpPolicy", "CartPole-v1", n_steps=64, device="cpu", _init_setup_model=False, **chosen)
     assert ScaleConfig.of(stored) == ScaleConfig(**chosen)
     runnable = dict(chosen, cuda_graphs=False, compile_loss=False)
-    assert ScaleConfig.of(build(**runnable)) == ScaleConfig(**runnable)
+    gaussian = ScalablePPO("MlpPolicy", "Pendulum-v1", n_steps=64, device="cpu", **runnable)  # mean_bound_coef: a Box
+    assert ScaleConfig.of(gaussian) == ScaleConfig(**runnable)
 
 
 def test_an_unknown_keyword_names_the_class() -> None:

@@ -49,12 +49,13 @@ from sb3_ppo_scale.core.exact.upstream import changed_upstream, collection_loop,
 from sb3_ppo_scale.core.extensions import EXTENSIONS, load_checkpoint
 from sb3_ppo_scale.core.policy.evaluation import Evaluator, FusedEvaluator, evaluate_actions
 from sb3_ppo_scale.core.policy.inference import PolicyParts
+from sb3_ppo_scale.core.policy.value_head import fold_returns, normalize_value_head
 from sb3_ppo_scale.core.update.compiled import compiled_ppo_loss
 from sb3_ppo_scale.core.update.graphs import CudaGraphStep, GraphCache
 from sb3_ppo_scale.core.update.guard import NonFiniteGuard
 from sb3_ppo_scale.core.update.kl import K3, kl_estimator, mean_rollout_kl, rollout_distribution_params
 from sb3_ppo_scale.core.update.lr import KLAdaptiveLR, resolve_learning_rate
-from sb3_ppo_scale.core.update.objectives import LossSettings, Objective, TrainStats, ppo_loss
+from sb3_ppo_scale.core.update.objectives import LossSettings, Objective, TrainStats, make_mean_bound, ppo_loss
 from sb3_ppo_scale.core.update.rollout import DeviceRollout, RolloutHooks, RolloutStager, rollout_hooks, samples_itself
 from sb3_ppo_scale.core.update.sampling import BufferLoader, Loader, MicroBatch, MinibatchLoader
 from sb3_ppo_scale.core.update.step import (
@@ -83,62 +84,10 @@ def algorithm_base(cls: type) -> type[OnPolicyAlgorithm]:
     raise TypeError(f"{cls.__name__} must list an OnPolicyAlgorithm subclass after ScalableOnPolicyMixin in its bases")
 
 
-#: The arguments the scale layer adds, as one docstring block (ScalablePPO's docstring ends with it).
-SCALE_ARGUMENTS = """    :param grad_accum_steps: micro-batches per logical minibatch of ``batch_size`` samples (default 1).
-        Gradients of the micro-batches accumulate into one gradient clip and one optimizer step per logical
-        minibatch; the result equals the big-batch update (advantages normalised over the logical minibatch,
-        each micro loss weighted by its share of it, ``target_kl`` decided on the logical minibatch).
-        Peak activation memory scales with ``batch_size / grad_accum_steps``.
-    :param buffer_device: where the rollout lives during ``train()`` (default "auto": the policy's device).
-        The rollout crosses to that device once per rollout and minibatches are gathered there.
-    :param objective: "clip" (default, SB3's PPO-Clip), "kl_penalty" (PPO-Penalty: maximise r * A - beta * KL,
-        no clipping) or "clip_kl_penalty" (both terms, as RLlib does).
-    :param kl_coef: initial beta (default 1.0, the PPO paper's), >= 0. The current beta is saved with the model;
-        ``load(..., kl_coef=b)`` with another value starts beta at ``b`` again.
-    :param kl_penalty_target: d_targ (default 0.01): after each ``train()`` the mean KL(pi_old || pi) over the
-        rollout is measured and beta adapted (see :class:`~sb3_ppo_scale.core.update.kl.AdaptiveKLCoefficient`); None keeps
-        beta fixed. Beta stays within :data:`~sb3_ppo_scale.core.update.kl.KL_COEF_BOUNDS`.
-    :param kl_adapt_factor: beta's multiplicative step (default 2.0), > 1.
-    :param kl_adapt_tolerance: beta changes when KL leaves [d_targ / tolerance, d_targ * tolerance]
-        (default 1.5), >= 1.
-    :param cuda_graphs: replay every full-size minibatch update (gather, loss, backward, gradient clip, optimizer
-        step) from CUDA graphs (default False). Same kernels, same data, a fraction of the host cost: it pays when
-        the GPU waits on Python (small models, many minibatches). The graphs are kept between ``train()`` calls
-        while nothing they depend on changes (a learning-rate or clip-range schedule means one capture per call),
-        and keep one minibatch's activations allocated. Needs the policy on CUDA and a capturable optimizer
-        (Adam, AdamW, RMSprop); see :mod:`sb3_ppo_scale.core.update.graphs`. Collection's per-step policy call is then
-        replayed from a CUDA graph too (same kernels and random draws; see
-        :mod:`sb3_ppo_scale.core.collect.graphed_step`).
-
-    :param learning_rate: as SB3's (a number or a schedule), or ``"kl_adaptive"`` / a
-        :class:`~sb3_ppo_scale.core.update.lr.KLAdaptiveLR`: after each ``train()`` the learning rate is divided by 1.5
-        when the update's mean KL(pi_old || pi) exceeds 2 x its target (0.01) and multiplied by 1.5 when it is
-        below half of it, within [1e-5, 1e-2] (the large-batch rule of legged_gym / rl_games). Saved with the model.
-    :param collect_device: where collection runs the policy for each env step (default "auto": the policy's device,
-        as PPO; "cpu" is worth trying for small MLP policies trained on a GPU). When it differs from ``device``
-        a copy of the policy lives there, refreshed once per rollout (see :mod:`sb3_ppo_scale.core.collect.device`).
-        Saved with the model.
-    :param overlap_collection: accepted for scripts and saved models that set it, and ignored with a warning
-        (default False): the double-buffered EnvPool collector it switched on was slower than the lean loop on EnvPool
-        in every measurement and was removed (:data:`OVERLAP_REMOVED`).
-    :param nonfinite: what an update with a NaN or infinite loss or gradient norm does: "skip" (default: that
-        optimizer step is not taken, counted in ``train/nonfinite_steps``, and training stops after
-        :data:`~sb3_ppo_scale.core.update.guard.MAX_CONSECUTIVE` in a row) or "raise" (stop at the first one); see
-        :mod:`sb3_ppo_scale.core.update.guard`.
-
-    :param update_threads: torch's CPU threads during ``train()`` (default None: torch's setting as it is, as PPO).
-        Collection keeps the process's setting: on a CPU box where the envs step on every core, one torch thread
-        for the per-step policy call and every core for the update is the fast split (``benchmarks/scale.py``).
-        The float sums of a multi-threaded update may round differently from a single-threaded one.
-
-    ``batch_size`` may be anything from 1 (2 with advantage normalisation); one above the whole rollout
-    (``n_steps * n_envs``) trains on the whole rollout as one minibatch, as SB3's PPO does (which warns).
-"""
-
-
 class ScalableOnPolicyMixin:
     """The arguments and the update that :class:`~sb3_ppo_scale.ScalablePPO` adds to SB3's PPO, for any on-policy
-    PPO algorithm (see the module docstring). Their meaning and defaults: :data:`SCALE_ARGUMENTS`.
+    PPO algorithm (see the module docstring). Their meaning and defaults:
+    :data:`~sb3_ppo_scale.core.arguments.SCALE_ARGUMENTS`.
     """
 
     # class defaults: models saved before these arguments existed load with them off
@@ -148,6 +97,8 @@ class ScalableOnPolicyMixin:
     collect_device: str = "auto"
     overlap_collection: bool = False
     update_threads: int | None = None
+    normalize_value: bool = False
+    mean_bound_coef: float = 0.0
 
     def __init__(
         self,
@@ -167,6 +118,8 @@ class ScalableOnPolicyMixin:
         collect_device: str | th.device = "auto",
         overlap_collection: bool = False,
         update_threads: int | None = None,
+        normalize_value: bool = False,
+        mean_bound_coef: float = 0.0,
         **kwargs: Any,
     ) -> None:
         try:
@@ -183,7 +136,8 @@ class ScalableOnPolicyMixin:
                              kl_coef=kl_coef, kl_penalty_target=kl_penalty_target, kl_adapt_factor=kl_adapt_factor,
                              kl_adapt_tolerance=kl_adapt_tolerance, cuda_graphs=cuda_graphs, compile_loss=compile_loss,
                              nonfinite=nonfinite, collect_device=collect_device, overlap_collection=overlap_collection,
-                             update_threads=update_threads)
+                             update_threads=update_threads, normalize_value=normalize_value,
+                             mean_bound_coef=mean_bound_coef)
         self._n_grad_steps = 0
         self._n_nonfinite_steps = 0
         super().__init__(policy, env, *args, **kwargs)
@@ -206,6 +160,9 @@ class ScalableOnPolicyMixin:
         for name in ("clip_range", "clip_range_vf"):  # NumPy numbers as SB3's schedules take them (learning_rate:
             setattr(self, name, plain_number(getattr(self, name)))  # resolve_learning_rate)
         super()._setup_model()
+        if self.normalize_value:
+            normalize_value_head(self.policy)
+        self._mean_bound = make_mean_bound(self.mean_bound_coef, self.policy)
         self._warn_if_update_upstream_changed()
         self._objective: Objective = self._config.make_objective()
         self._objective.load_state_dict(self._saved_objective_state())
@@ -441,6 +398,8 @@ class ScalableOnPolicyMixin:
         """One update phase: ``n_epochs`` passes over the rollout in logical minibatches of ``batch_size``."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        if self.normalize_value:
+            fold_returns(self.policy.value_net, self.rollout_buffer.returns, self._reducer.sum_, self._buffer_device)
         check_scheduled_value("learning_rate", self.policy.optimizer.param_groups[0]["lr"],
                               self._current_progress_remaining, finite=True)
         settings = self._loss_settings()
@@ -474,6 +433,8 @@ class ScalableOnPolicyMixin:
             kl_coef=self.kl_beta,
             kl_estimator=kl_estimator(self.policy.action_dist),
             evaluator=self._evaluator,
+            normalize_value=self.normalize_value,
+            mean_bound=self._mean_bound,
         )
 
     def _stage_rollout(self) -> DeviceRollout:

@@ -50,6 +50,8 @@ class ScaleConfig:
     collect_device: str | th.device = "auto"
     overlap_collection: bool = False
     update_threads: int | None = None
+    normalize_value: bool = False
+    mean_bound_coef: float = 0.0
 
     @classmethod
     def of(cls, model: Any) -> "ScaleConfig":
@@ -61,13 +63,16 @@ class ScaleConfig:
         """Raise ValueError naming the first bad argument; returns the resolved rollout device."""
         check_batching(batch_size, self.grad_accum_steps, normalize_advantage)
         self._check_objective()
-        for name in ("cuda_graphs", "overlap_collection"):
+        for name in ("cuda_graphs", "overlap_collection", "normalize_value"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_compile_loss(self.compile_loss, self.cuda_graphs)
         if self.update_threads is not None and (not is_int(self.update_threads) or self.update_threads < 1):
             raise ValueError(f"update_threads must be None (torch's thread setting as it is) or an int >= 1, "
                              f"got {self.update_threads!r}")
+        if not is_number(self.mean_bound_coef) or not 0 <= self.mean_bound_coef < math.inf:
+            raise ValueError(f"mean_bound_coef must be a finite number >= 0 (0: no bound on the Gaussian mean), "
+                             f"got {self.mean_bound_coef!r}")
         if self.nonfinite not in NONFINITE_MODES:
             raise ValueError(f"nonfinite must be one of {', '.join(map(repr, NONFINITE_MODES))}, got {self.nonfinite!r}")
         return resolve_buffer_device(self.buffer_device, policy_device)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from stable_baselines3 import PPO
 
-from sb3_ppo_scale.core.algorithm import SCALE_ARGUMENTS, ScalableOnPolicyMixin
+from sb3_ppo_scale.core.algorithm import ScalableOnPolicyMixin
+from sb3_ppo_scale.core.arguments import SCALE_ARGUMENTS
 
 
 class ScalablePPO(ScalableOnPolicyMixin, PPO):

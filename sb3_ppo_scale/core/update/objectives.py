@@ -8,6 +8,10 @@ Three objectives, each an :class:`Objective` that says which terms it has and wh
   and load);
 - :class:`ClipKLPenaltyObjective` (``"clip_kl_penalty"``): both terms, as RLlib does.
 
+Two opt-in terms that large-batch recipes (rl_games) add, both off by default: a :class:`MeanBound` penalty on a
+Gaussian policy's mean beyond the action box, and the value error measured in units of the return std when the
+policy's value head normalises its targets (:mod:`sb3_ppo_scale.core.policy.value_head`).
+
 :func:`make_objective` is the one place that maps the user's string to an object. Every per-sample term
 (surrogate, value, entropy, KL penalty) is averaged with optional per-sample ``weights`` (importance correction
 of a prioritized sampler); with ``weights=None`` the terms are exactly SB3 PPO's.
@@ -21,6 +25,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch as th
 import torch.nn.functional as F
+from gymnasium import spaces
+from stable_baselines3.common.distributions import DiagGaussianDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from sb3_ppo_scale.core.policy.evaluation import Evaluator, evaluate_actions
@@ -110,6 +116,47 @@ def make_objective(name: str, beta: KLCoefficient | None = None) -> Objective:
     return cls()
 
 
+class MeanBound:
+    """rl_games' bound loss ("regularisation"): a penalty on a diagonal-Gaussian policy's mean where it leaves the
+    action box by more than 10%. Per sample: ``sum over action dims of relu(|mu - centre| / half_width - 1.1) ** 2``,
+    with the box's centre and half-width per dimension (so the penalty is in units of the box whatever its size).
+    SB3 clips the sampled actions to the box, so a mean drifting outside it gets no gradient back from the returns.
+
+    :param coef: the term's weight in the loss (> 0).
+    :param low: the action space's lower bounds.
+    :param high: the action space's upper bounds.
+    :param device: where the policy's mean is computed.
+    """
+
+    #: how far beyond the box (in half-widths) the mean is free: rl_games' soft bound 1.1
+    SOFT_BOUND = 1.1
+
+    def __init__(self, coef: float, low: np.ndarray, high: np.ndarray, device: th.device) -> None:
+        self.coef = float(coef)
+        self.centre = th.as_tensor((high + low) / 2, dtype=th.float32, device=device)
+        self.half_width = th.as_tensor((high - low) / 2, dtype=th.float32, device=device)
+
+    def __call__(self, mean: th.Tensor) -> th.Tensor:
+        """The per-sample penalty (shape ``(batch,)``) of the means ``mean`` (shape ``(batch, action dims)``)."""
+        excess = th.relu((mean - self.centre).abs() / self.half_width - self.SOFT_BOUND)
+        return (excess**2).sum(dim=1)
+
+
+def make_mean_bound(coef: float, policy: ActorCriticPolicy) -> MeanBound | None:
+    """The :class:`MeanBound` term of ``mean_bound_coef=coef`` for ``policy`` (None for 0); a ValueError naming
+    ``mean_bound_coef`` where the policy has no Gaussian mean in a bounded box."""
+    if coef == 0:
+        return None
+    space = policy.action_space
+    if not isinstance(policy.action_dist, DiagGaussianDistribution) or not isinstance(space, spaces.Box):
+        raise ValueError(f"mean_bound_coef > 0 needs a Box action space and a diagonal-Gaussian policy (no gSDE, no "
+                         f"squashing), got {space!r} with {type(policy.action_dist).__name__}")
+    if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high)) and np.all(space.high > space.low)):
+        raise ValueError(f"mean_bound_coef > 0 needs finite action bounds with high > low, got low={space.low} "
+                         f"high={space.high}")
+    return MeanBound(coef, space.low.astype(np.float64), space.high.astype(np.float64), policy.device)
+
+
 @dataclass(frozen=True)
 class LossSettings:
     """Constants of one ``train()`` call.
@@ -124,6 +171,10 @@ class LossSettings:
     :param kl_estimator: "analytic" (needs ``MicroBatch.old_dist``) or "k3".
     :param evaluator: how the policy evaluates a micro-batch (default: SB3 PPO's ``policy.evaluate_actions``;
         see :mod:`sb3_ppo_scale.core.policy.evaluation`).
+    :param normalize_value: the policy's ``value_net`` is a
+        :class:`~sb3_ppo_scale.core.policy.value_head.NormalizedValueHead`: the value error (and ``clip_range_vf``)
+        is in units of its return std (default False: return units, as SB3).
+    :param mean_bound: the :class:`MeanBound` term, or None (default) for none.
     """
 
     clip_range: float
@@ -135,6 +186,8 @@ class LossSettings:
     kl_coef: float = 0.0
     kl_estimator: str = ANALYTIC
     evaluator: Evaluator = evaluate_actions
+    normalize_value: bool = False
+    mean_bound: MeanBound | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.objective, str):
@@ -202,6 +255,22 @@ def kl_penalty(micro: MicroBatch, distribution, log_prob: th.Tensor, settings: L
     return settings.kl_coef * _mean(kl, micro.weights, micro.mask)
 
 
+def _value_loss(policy: ActorCriticPolicy, values: th.Tensor, data: Any, weights: th.Tensor | None,
+                mask: th.Tensor | None, settings: LossSettings) -> th.Tensor:
+    """SB3's value loss (clipped to ``clip_range_vf`` around the rollout's values when set); with
+    ``settings.normalize_value`` the error and the clip range are in units of the value head's return std."""
+    returns, values_pred = data.returns, values
+    std = policy.value_net.std if settings.normalize_value else None
+    if settings.clip_range_vf is not None:
+        clip = settings.clip_range_vf if std is None else settings.clip_range_vf * std
+        values_pred = data.old_values + th.clamp(values - data.old_values, -clip, clip)
+    if std is not None:
+        returns, values_pred = returns / std, values_pred / std
+    if weights is None and mask is None:
+        return F.mse_loss(returns, values_pred)
+    return _mean((returns - values_pred) ** 2, weights, mask)
+
+
 def ppo_loss(
     policy: ActorCriticPolicy,
     micro: MicroBatch,
@@ -219,25 +288,23 @@ def ppo_loss(
     if settings.discrete_actions:
         actions = actions.long().flatten()
     objective = settings.terms
-    values, log_prob, entropy, distribution = settings.evaluator(policy, micro, actions, objective.penalises_kl)
+    with_distribution = objective.penalises_kl or settings.mean_bound is not None
+    values, log_prob, entropy, distribution = settings.evaluator(policy, micro, actions, with_distribution)
     values = values.flatten()
     advantages = normalize(data.advantages)
 
     ratio = th.exp(log_prob - data.old_log_prob)
     policy_loss = -_mean(objective.surrogate(ratio, advantages, settings.clip_range), weights, mask)
 
-    values_pred = values
-    if settings.clip_range_vf is not None:
-        values_pred = data.old_values + th.clamp(values - data.old_values, -settings.clip_range_vf, settings.clip_range_vf)
-    if weights is None and mask is None:
-        value_loss = F.mse_loss(data.returns, values_pred)
-    else:
-        value_loss = _mean((data.returns - values_pred) ** 2, weights, mask)
+    value_loss = _value_loss(policy, values, data, weights, mask, settings)
 
     entropy_loss = -_mean(-log_prob if entropy is None else entropy, weights, mask)
     loss = policy_loss + settings.ent_coef * entropy_loss + settings.vf_coef * value_loss
     if objective.penalises_kl:
         loss = loss + kl_penalty(micro, distribution, log_prob, settings)
+    if settings.mean_bound is not None:
+        mean_actions = distribution.distribution.loc  # type: ignore[union-attr]
+        loss = loss + settings.mean_bound.coef * _mean(settings.mean_bound(mean_actions), weights, mask)
 
     with th.no_grad():
         log_ratio = log_prob - data.old_log_prob
