@@ -161,7 +161,8 @@ def test_an_envpool_entry_is_evaluated_on_gymnasium_envs(tmp_path: Path, capsys:
     import_envpool()
     from sb3_ppo_scale import cli
 
-    entry = {**TINY, "vec_env": "envpool", "normalize": True, "n_epochs": 1}
+    # env_kwargs are EnvPool's options: the Gymnasium evaluation envs do not get them
+    entry = {**TINY, "vec_env": "envpool", "normalize": True, "n_epochs": 1, "env_kwargs": {"num_threads": 1}}
     config = write_config(tmp_path, {"Hopper-v5@envpool": entry})
     code = cli.main(["bench", "--tasks", "Hopper-v5", "--algos", "scalable_ppo@envpool", "--no-pairs", "--seeds", "0",
                      "--budget", "512", "--eval-every", "256", "--eval-episodes", "2", "--final-episodes", "2",

@@ -239,7 +239,8 @@ def evaluation_envs(config: Any, n_episodes: int, seed: int) -> Any:
     entry's ``vec_env``: EnvPool's and the scale backends' envs take no wrappers), env ``i`` seeded
     ``seed + EVAL_SEED_OFFSET + i``, with the entry's wrappers and :class:`ForwardDistance`, VecNormalize frozen.
     An Atari entry on EnvPool or the scale backends gets SB3's ``AtariWrapper`` and 4 stacked frames, the
-    preprocessing EnvPool's Atari envs reproduce (:mod:`sb3_ppo_scale.envs.tasks`)."""
+    preprocessing EnvPool's Atari envs reproduce (:mod:`sb3_ppo_scale.envs.tasks`). An EnvPool entry's ``env_kwargs``
+    are EnvPool's options (``num_threads``, ...), which Gymnasium's env does not take: its evaluation envs get none."""
     import dataclasses
 
     from stable_baselines3.common.atari_wrappers import AtariWrapper
@@ -250,8 +251,9 @@ def evaluation_envs(config: Any, n_episodes: int, seed: int) -> Any:
     wrappers, frame_stack = list(config.env_wrappers), config.frame_stack
     if config.vec_env in ("envpool", "scale") and zoo.is_atari(config.env_id):
         wrappers, frame_stack = [(AtariWrapper, {}), *wrappers], 4
+    env_kwargs = {} if config.vec_env == "envpool" else config.env_kwargs
     eval_config = dataclasses.replace(config, env_wrappers=[*wrappers, (ForwardDistance, {})],
-                                      frame_stack=frame_stack)
+                                      frame_stack=frame_stack, env_kwargs=env_kwargs)
     return zoo.make_envs(eval_config, n_envs=min(n_episodes, 5), seed=seed + EVAL_SEED_OFFSET, eval_env=True,
                          vec_env_cls=DummyVecEnv)
 
