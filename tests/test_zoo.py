@@ -46,9 +46,10 @@ def test_every_entry_loads_and_builds_a_model(entry: str) -> None:
     assert isinstance(env, VecNormalize) == bool(raw.get("normalize", False))
     if entry.startswith("atari"):
         assert env.observation_space.shape == (4, 84, 84)
-    if "policy_kwargs" in raw:
-        assert any(isinstance(m, th.nn.ReLU) for m in model.policy.modules())
-        assert model.policy.log_std.detach().mean().item() == pytest.approx(-2.0)
+    if "policy_kwargs" in raw:  # the entry's network as written
+        policy_kwargs = zoo.parse_literal(raw["policy_kwargs"])
+        assert any(isinstance(m, policy_kwargs["activation_fn"]) for m in model.policy.modules())
+        assert model.policy.log_std.detach().mean().item() == pytest.approx(policy_kwargs["log_std_init"])
     env.close()
 
 
@@ -83,7 +84,7 @@ def test_envpool_variants_are_copies_of_tested_variants(entry: str) -> None:
 
 
 #: the large-batch recipe's entries: the learning rate starts at 1e-3 (KL-adaptive, or constant for SB3's PPO)
-RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const", "@scale")))
+RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const", "@scale", "@recipe")))
 
 
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES
@@ -113,12 +114,18 @@ def test_the_recipe_with_a_constant_rate_differs_only_in_the_rate(task: str) -> 
 
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if e.endswith("@scale")))
 def test_scale_entries_are_the_recipe_on_the_scale_backend(entry: str) -> None:
-    """``@scale`` = the large-batch recipe with ``vec_env: scale``; where the task has ``@gpu_kl``, exactly that."""
+    """``@scale`` = the task's measured ``@recipe`` with ``vec_env: scale`` where it has one, else the earlier
+    large-batch recipe (exactly ``@gpu_kl`` where the task has that)."""
     task, variant = entry.split("@")[0], ENTRIES[entry]
-    assert variant["vec_env"] == "scale" and variant["learning_rate"] == "kl_adaptive_1e-3"
+    assert variant["vec_env"] == "scale"
+    without_backend = {k: v for k, v in variant.items() if k != "vec_env"}
+    if f"{task}@recipe" in ENTRIES:
+        assert without_backend == ENTRIES[f"{task}@recipe"]
+        return
+    assert variant["learning_rate"] == "kl_adaptive_1e-3"
     assert variant["n_envs"] * variant["n_steps"] >= 16384 and variant["batch_size"] <= 2048
     if f"{task}@gpu_kl" in ENTRIES:
-        assert {k: v for k, v in variant.items() if k != "vec_env"} == ENTRIES[f"{task}@gpu_kl"]
+        assert without_backend == ENTRIES[f"{task}@gpu_kl"]
 
 
 ZOO_POLICY_KWARGS = [
