@@ -84,7 +84,7 @@ def test_envpool_variants_are_copies_of_tested_variants(entry: str) -> None:
 
 
 #: the large-batch recipe's entries: the learning rate starts at 1e-3 (KL-adaptive, or constant for SB3's PPO)
-RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const", "@scale", "@recipe")))
+RECIPE_ENTRIES = sorted(e for e in ENTRIES if e.endswith(("@gpu_kl", "@gpu_const", "@scale", "@recipe", "@recipe_const")))
 
 
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if "@" in e and e not in BASELINE_ENTRIES
@@ -110,6 +110,15 @@ def test_the_recipe_with_a_constant_rate_differs_only_in_the_rate(task: str) -> 
     assert {k: v for k, v in adaptive.items() if k != "learning_rate"} == {
         k: v for k, v in constant.items() if k != "learning_rate"}
     assert adaptive["n_envs"] * adaptive["n_steps"] >= 16384 and adaptive["batch_size"] <= 2048  # >= 8 minibatches
+
+
+@pytest.mark.parametrize("task", sorted({e.split("@")[0] for e in ENTRIES if e.endswith("@recipe")}))
+def test_the_measured_recipe_has_a_constant_rate_twin_for_sb3(task: str) -> None:
+    """``@recipe_const`` = ``@recipe`` with the KL-adaptive rate's initial value as a constant rate."""
+    recipe, constant = ENTRIES[f"{task}@recipe"], ENTRIES[f"{task}@recipe_const"]
+    assert constant["learning_rate"] == zoo.parse_schedule(recipe["learning_rate"]).value  # before any update
+    assert {k: v for k, v in recipe.items() if k != "learning_rate"} == {
+        k: v for k, v in constant.items() if k != "learning_rate"}
 
 
 @pytest.mark.parametrize("entry", sorted(e for e in ENTRIES if e.endswith("@scale")))
