@@ -24,6 +24,7 @@ def test_constant_infinite_and_missing_scores() -> None:
     assert intervals.mean([1.0, float("inf")]).text() == "not reached (some seeds)"
     assert intervals.mean([]).text() == "n/a"
     assert intervals.Estimate(3412.4, 3150.0, 3590.2).text() == "3412 [3150, 3590]"
+    assert intervals.Estimate(-0.004, -0.4, 0.3).text(2) == "0.00 [-0.40, 0.30]"  # no "-0.00"
 
 
 def test_the_interval_resamples_seeds_within_each_task() -> None:

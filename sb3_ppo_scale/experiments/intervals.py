@@ -40,7 +40,14 @@ class Estimate:
             return "n/a"
         if not np.isfinite(self.point):
             return "not reached (some seeds)"
-        return f"{self.point:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+        point, low, high = (_rounded(value, digits) for value in (self.point, self.low, self.high))
+        return f"{point} [{low}, {high}]"
+
+
+def _rounded(value: float, digits: int) -> str:
+    """``value`` with ``digits`` decimals, without the sign of a value that rounds to zero ("0", not "-0")."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 NOT_AVAILABLE = Estimate(float("nan"), float("nan"), float("nan"))
