@@ -127,9 +127,10 @@ def test_scale_entries_are_the_recipe_on_the_scale_backend(entry: str) -> None:
     large-batch recipe (exactly ``@gpu_kl`` where the task has that)."""
     task, variant = entry.split("@")[0], ENTRIES[entry]
     assert variant["vec_env"] == "scale"
-    without_backend = {k: v for k, v in variant.items() if k != "vec_env"}
-    if f"{task}@recipe" in ENTRIES:
-        assert without_backend == ENTRIES[f"{task}@recipe"]
+    without_backend = {k: v for k, v in variant.items() if k not in ("vec_env", "env_kwargs")}
+    if f"{task}@recipe" in ENTRIES:  # the recipe's backend options (EnvPool's threads) are the scale plan's
+        assert without_backend == {k: v for k, v in ENTRIES[f"{task}@recipe"].items() if k not in ("vec_env", "env_kwargs")}
+        assert variant.get("env_kwargs", {}) == {}
         return
     assert variant["learning_rate"] == "kl_adaptive_1e-3"
     assert variant["n_envs"] * variant["n_steps"] >= 16384 and variant["batch_size"] <= 2048
