@@ -50,7 +50,7 @@ def test_ranks_fold_the_moments_of_the_union() -> None:
     assert ranked.moments[:2].tolist() == pytest.approx(alone.moments[:2].tolist(), rel=1e-12)
 
 
-def _data(values: th.Tensor, old_values: th.Tensor, returns: th.Tensor) -> SimpleNamespace:
+def _data(old_values: th.Tensor, returns: th.Tensor) -> SimpleNamespace:
     return SimpleNamespace(old_values=old_values, returns=returns)
 
 
@@ -61,13 +61,13 @@ def test_the_value_error_is_measured_in_units_of_the_return_std() -> None:
     policy = SimpleNamespace(value_net=head)
     values, old, returns = (th.tensor(v, dtype=th.float64) for v in ([10.0, 150.0], [0.0, 100.0], [30.0, 90.0]))
     settings = LossSettings(clip_range=0.2, clip_range_vf=None, ent_coef=0.0, vf_coef=0.5, normalize_value=True)
-    loss = _value_loss(policy, values, _data(values, old, returns), None, None, settings)
+    loss = _value_loss(policy, values, _data(old, returns), None, None, settings)
     assert th.allclose(loss, F.mse_loss(returns / std, values / std))
-    plain = _value_loss(policy, values, _data(values, old, returns), None, None,
+    plain = _value_loss(policy, values, _data(old, returns), None, None,
                         LossSettings(clip_range=0.2, clip_range_vf=None, ent_coef=0.0, vf_coef=0.5))
     assert th.equal(plain, F.mse_loss(returns, values))  # off: SB3's value loss, the same operations
     # clip_range_vf in std units: the prediction may move 0.5 std (40.8) from the rollout's value
-    clipped = _value_loss(policy, values, _data(values, old, returns), None, None,
+    clipped = _value_loss(policy, values, _data(old, returns), None, None,
                           LossSettings(clip_range=0.2, clip_range_vf=0.5, ent_coef=0.0, vf_coef=0.5, normalize_value=True))
     moved = old + th.clamp(values - old, -0.5 * std, 0.5 * std)
     assert moved[1] < values[1] and moved[0] == values[0]

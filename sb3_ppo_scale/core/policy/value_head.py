@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.running_mean_std import RunningMeanStd
 from torch import nn
 
 #: added to the running variance before the square root (VecNormalize's epsilon)
@@ -50,15 +51,13 @@ class NormalizedValueHead(nn.Module):
         return self.head(latent) * self.std + self.mean
 
     def update(self, batch_mean: float, batch_var: float, batch_count: float) -> None:
-        """Fold a batch's moments into the running moments (Chan et al.'s parallel rule; the first batch replaces
-        the initial mean 0 / variance 1), then rescale ``head`` so that the output in return units is unchanged."""
-        if batch_count <= 0:
-            return
-        mean, var, count = self.moments.tolist()
-        total = count + batch_count
-        delta = batch_mean - mean
-        new_mean = mean + delta * batch_count / total
-        new_var = (var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total
+        """Fold a batch's moments (``batch_count`` > 0) into the running moments with SB3's
+        ``RunningMeanStd.update_from_moments`` (the parallel rule; from a count of 0 the first batch replaces the
+        initial mean 0 / variance 1), then rescale ``head`` so that the output in return units is unchanged."""
+        running = RunningMeanStd(shape=())
+        running.mean, running.var, running.count = self.moments.tolist()
+        running.update_from_moments(batch_mean, batch_var, batch_count)
+        new_mean, new_var, total = float(running.mean), float(running.var), float(running.count)
         old_std, old_mean = float(self.std), float(self.mean)
         new_std = math.sqrt(new_var + EPSILON)
         with th.no_grad():
