@@ -1,4 +1,4 @@
-"""torch's ``THP_MEM_ALLOC_ENABLE=1`` (CPU tensors of 2 MB or more on transparent huge pages; the README suggests it
+"""torch's ``THP_MEM_ALLOC_ENABLE=1`` (CPU tensors of 2 MB or more on transparent huge pages; docs/speed.md suggests it
 for CNN policies on a CPU) changes where tensors live, not what is computed: a CnnPolicy trained with and without it
 ends with the same parameters. torch reads the variable once, at its first allocation, so each run is a fresh
 process."""
