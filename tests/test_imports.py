@@ -143,6 +143,14 @@ def test_the_update_and_collection_parts_do_not_import_each_other():
                             if name.startswith(f"sb3_ppo_scale.core.{other}")}, module
 
 
+def test_the_benchmarks_do_not_import_the_tuning_package():
+    """``experiments`` (bench, reports) and ``tuning`` (Optuna studies) share the stop-signal handling through
+    ``sb3_ppo_scale.stop_signals``; a bench worker does not load Optuna."""
+    for module, path in MODULES.items():
+        if module.startswith("sb3_ppo_scale.experiments"):
+            assert not {name for name in _imported(module, path) if name.startswith("sb3_ppo_scale.tuning")}, module
+
+
 def test_modules_that_moved_keep_their_old_import_path():
     """Models pickled before core/ was split name classes by the old paths (tests/test_saved_before_move.py)."""
     from sb3_ppo_scale.core import MOVED

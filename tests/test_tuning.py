@@ -419,16 +419,17 @@ def test_a_stopped_trial_is_one_line_without_a_traceback(tmp_path: Path, monkeyp
     import signal
 
     from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
-    from sb3_ppo_scale.tuning import objective, preemption
+    from sb3_ppo_scale import stop_signals
+    from sb3_ppo_scale.tuning import objective
     from sb3_ppo_scale.tuning.runner import open_study, run_worker
 
     def stopped_mid_trial(*args: Any, **kwargs: Any) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)  # recorded by the worker's handler
-        preemption.check()  # what the trial's next env step does
+        stop_signals.check()  # what the trial's next env step does
         raise AssertionError("the signal did not stop the trial")
 
     monkeypatch.setattr(objective, "train_and_evaluate", stopped_mid_trial)
-    monkeypatch.setattr(preemption, "_received", [])  # this process's record of signals, restored afterwards
+    monkeypatch.setattr(stop_signals, "_received", [])  # this process's record of signals, restored afterwards
     path = write_spec(tmp_path, tiny_spec(tmp_path))
     spec = load_spec(path)
     storage = resolve_storage(spec)

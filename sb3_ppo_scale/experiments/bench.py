@@ -74,7 +74,7 @@ from sb3_ppo_scale.experiments.bench_resume import (
     stop_requested,
 )
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, path_part, seed_argument
-from sb3_ppo_scale.tuning import preemption
+from sb3_ppo_scale import stop_signals
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")
@@ -188,7 +188,7 @@ def run_one(task: str, label: str, seed: int, budget: int, eval_every: int, eval
         model = zoo.build_model(config, env, algo=cls, seed=seed, device="cpu")
         run, on_disk = {"settings": settings, "box": box, "resumed_at": []}, None
     if path is None:
-        model.learn(total_timesteps=budget, callback=[preemption.PreemptionCheck(), timer])
+        model.learn(total_timesteps=budget, callback=[stop_signals.StopOnSignal(), timer])
     else:
         learn_resumable(model, budget, RunCheckpoint(path, checkpoint_every, timer, run, on_disk), callback=timer)
     timer.evaluate(final_episodes)
@@ -308,9 +308,9 @@ def _try_run(*args: Any) -> str:
     try:
         return run_one(*args)
     except TrainingPreempted as stopped:  # its checkpoint's handler caught the signal: this worker starts no more runs
-        preemption.remember(getattr(signal, stopped.signal_name, signal.SIGTERM))
+        stop_signals.remember(getattr(signal, stopped.signal_name, signal.SIGTERM))
         return f"stopped {run}: {stopped}"
-    except preemption.TrialPreempted as stopped:
+    except stop_signals.StopSignalled as stopped:
         return f"stopped {run}: {stopped}, without a checkpoint (it starts anew next time)"
     except ValueError as error:
         if "does not take" not in str(error):

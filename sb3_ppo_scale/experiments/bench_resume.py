@@ -16,7 +16,7 @@ Both are deleted once the run JSON is written. The clocks leave out the time spe
 checkpoints (as they leave out evaluation); a resumed run's clocks continue from the totals at its checkpoint, so
 the training between that checkpoint and the kill is not counted (the run JSON's ``resumed_at`` lists where).
 
-Signals (:mod:`sb3_ppo_scale.tuning.preemption`): :func:`run_in_workers` records SIGTERM/SIGINT in the parent and
+Signals (:mod:`sb3_ppo_scale.stop_signals`): :func:`run_in_workers` records SIGTERM/SIGINT in the parent and
 sends each on to the worker processes as SIGTERM (a second SIGINT would interrupt a run's checkpoint write);
 each worker records them between runs (:func:`start_worker`), its run's :class:`RunCheckpoint` stops it with a
 checkpoint, and a worker that was told to stop starts no further run.
@@ -41,7 +41,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppo_scale.checkpoint import ResumableCheckpoint, atomic_write, load_checkpoint, resume_notes
 from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
-from sb3_ppo_scale.tuning import preemption
+from sb3_ppo_scale import stop_signals
 
 #: env steps between a bench run's checkpoints (``--checkpoint-every``): at 1 000-2 000 env steps/s (MuJoCo, one
 #: thread) a kill that gives no time to write one loses at most 1-2 minutes of training; a write of a Hopper-v5 run's
@@ -112,8 +112,8 @@ class RunCheckpoint(ResumableCheckpoint):
 
     def _on_training_start(self) -> None:
         super()._on_training_start()
-        if preemption.received() is not None and self._signal is None:  # it came before learn() installed handlers
-            self._signal = preemption.received()
+        if stop_signals.received() is not None and self._signal is None:  # it came before learn() installed handlers
+            self._signal = stop_signals.received()
 
     def _on_rollout_start(self) -> None:
         with self._off_the_clocks():
@@ -159,12 +159,12 @@ def resume(checkpoint: Path, env: VecEnv, cls: type, timer: PeriodicEvalCallback
 def start_worker() -> None:
     """Initializer of bench's worker processes: SIGTERM/SIGINT are recorded (a run stops with its checkpoint; no
     further run starts) instead of ending the process, whose death would break the pool and its other runs."""
-    preemption.install(what="this bench worker (its run writes a checkpoint)")
+    stop_signals.install(what="this bench worker (its run writes a checkpoint)")
 
 
 def stop_requested() -> bool:
     """Whether a stop signal reached this process."""
-    return preemption.received() is not None
+    return stop_signals.received() is not None
 
 
 def run_in_workers(function: Callable[..., str], jobs: Sequence[tuple[Any, ...]], workers: int) -> bool:
@@ -173,7 +173,7 @@ def run_in_workers(function: Callable[..., str], jobs: Sequence[tuple[Any, ...]]
     if not jobs:
         return False
     forward = lambda: [child.pid for child in mp.active_children() if child.pid is not None]  # noqa: E731
-    with preemption.handling(forward_to=forward, forward_as=signal.SIGTERM, what="bench and its runs (checkpoints)"), \
+    with stop_signals.handling(forward_to=forward, forward_as=signal.SIGTERM, what="bench and its runs (checkpoints)"), \
             ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                 initializer=start_worker) as pool:
         pending = {pool.submit(function, *job) for job in jobs}

@@ -26,7 +26,7 @@ from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.algorithms import algorithm
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
 from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
-from sb3_ppo_scale.tuning.preemption import PreemptionCheck
+from sb3_ppo_scale.stop_signals import StopOnSignal
 from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, centre_values, pow2_bounds
 from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 
@@ -121,7 +121,7 @@ def train_and_evaluate(spec: StudySpec, env_id: str, values: dict[str, Any], see
         model = zoo.build_model(config, env, algorithm(spec.algo).cls, seed=seed)
         callback = PeriodicEvalCallback(eval_env, spec.evaluation.eval_freq, spec.evaluation.n_episodes,
                                         spec.evaluation.deterministic, on_eval=hook)
-        model.learn(total_timesteps=config.n_timesteps, callback=[callback, PreemptionCheck()])  # SIGTERM: stop
+        model.learn(total_timesteps=config.n_timesteps, callback=[callback, StopOnSignal()])  # SIGTERM: stop
         return reduce_returns(callback.returns, spec.evaluation.objective), callback.returns
     finally:
         env.close()

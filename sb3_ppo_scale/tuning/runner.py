@@ -32,6 +32,7 @@ from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
+from sb3_ppo_scale import stop_signals
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
 from sb3_ppo_scale.tuning.objective import TrialDiverged, check_trials_can_start, decode_params, make_objective
@@ -235,7 +236,7 @@ def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total:
         trial.set_user_attr(WORKER_ATTR, worker_id())
         try:
             return objective(trial)
-        except preemption.TrialPreempted as stopped:
+        except stop_signals.StopSignalled as stopped:
             trial.set_user_attr(preemption.PREEMPTED_ATTR, stopped.signal_name)
             raise  # Optuna records the trial as FAIL
 
@@ -246,7 +247,7 @@ def run_worker(spec: StudySpec, env_id: str, storage: str, n_trials: int, total:
         try:
             study.optimize(owned_objective, n_trials=n_trials, callbacks=[stop, _progress(spec), preemption.between_trials],
                            catch=(TrialDiverged,))
-        except preemption.TrialPreempted as stopped:
+        except stop_signals.StopSignalled as stopped:
             _requeue_preempted(study, stopped.signal_name)
         finally:
             optuna_logger.removeFilter(quiet)
@@ -334,8 +335,8 @@ def _tune_env(spec: StudySpec, env_id: str, study: optuna.Study, url: str, total
         with preemption.handling(forward_to=lambda: [p.pid for p in processes if p.pid is not None]):
             for process in processes:
                 process.join()
-        if preemption.received() is not None:
-            print(f"[{study.study_name}] worker(s) stopped by {signal.Signals(preemption.received()).name}; run the "
+        if stop_signals.received() is not None:
+            print(f"[{study.study_name}] worker(s) stopped by {signal.Signals(stop_signals.received()).name}; run the "
                   f"same command again to continue (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr, flush=True)
             raise SystemExit(PREEMPTED_EXIT_CODE)
         bad = [p.exitcode for p in processes if p.exitcode != 0]
