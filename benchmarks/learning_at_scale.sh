@@ -13,8 +13,10 @@
 # the box meanwhile: the report's wall-clock columns are this box's. At the end the report (tables, performance
 # profile, curves) is rebuilt from $OUT/runs.
 #
-# Cost on the 2-core box (one core per run): the recipe ~20 min per 5M Hopper steps; SB3's PPO at one env ~1.5k
-# steps/s, so ~1 h per 5M and ~2 h per 10M steps.
+# Cost on the 2-core box (one core per run, two runs at once): the recipes ~20 min per 5M Hopper steps, ~16 min per
+# 5M HalfCheetah steps, ~70 min per 10M Ant steps and ~2 h per 10M Humanoid steps (training and evaluations); SB3's
+# PPO at one env ~1.5k steps/s, so ~1 h per 5M and ~2 h per 10M steps. Runs already in $OUT/runs are kept (see
+# $OUT/README.md for those taken over from the recipe search).
 set -euo pipefail
 
 OUT=${OUT:-benchmarks/results/learning_at_scale}
