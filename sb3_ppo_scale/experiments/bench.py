@@ -58,6 +58,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from sb3_ppo_scale import stop_signals
 from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE, TrainingPreempted, learn_resumable
 from sb3_ppo_scale.core.update.lr import KLAdaptiveLR
 from sb3_ppo_scale.experiments import learning_report
@@ -74,7 +75,6 @@ from sb3_ppo_scale.experiments.bench_resume import (
     stop_requested,
 )
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, path_part, seed_argument
-from sb3_ppo_scale import stop_signals
 
 #: results land under the working directory unless ``--out`` says otherwise
 DEFAULT_OUT = Path("bench_results")

@@ -39,9 +39,9 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppo_scale import stop_signals
 from sb3_ppo_scale.checkpoint import ResumableCheckpoint, atomic_write, load_checkpoint, resume_notes
 from sb3_ppo_scale.experiments.pipeline import PeriodicEvalCallback
-from sb3_ppo_scale import stop_signals
 
 #: env steps between a bench run's checkpoints (``--checkpoint-every``): at 1 000-2 000 env steps/s (MuJoCo, one
 #: thread) a kill that gives no time to write one loses at most 1-2 minutes of training; a write of a Hopper-v5 run's

@@ -25,8 +25,8 @@ from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments import zoo
 from sb3_ppo_scale.experiments.algorithms import algorithm
 from sb3_ppo_scale.experiments.pipeline import EVAL_SEED_OFFSET, PeriodicEvalCallback
-from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.stop_signals import StopOnSignal
+from sb3_ppo_scale.tuning.noise import inherit_repeat_mark, is_decay_trial, repeat_index
 from sb3_ppo_scale.tuning.spec import DECAYED_ARGUMENT, ParamSpec, StudySpec, centre_values, pow2_bounds
 from sb3_ppo_scale.tuning.storage import DIVERGED_ATTR
 

@@ -28,11 +28,11 @@ from optuna.samplers import BaseSampler, QMCSampler, RandomSampler, TPESampler
 from optuna.study import MaxTrialsCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from sb3_ppo_scale import stop_signals
 from sb3_ppo_scale.checkpoint import PREEMPTED_EXIT_CODE
 from sb3_ppo_scale.envs.known_warnings import filter_known_warnings
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO
 from sb3_ppo_scale.experiments.pipeline import DEFAULT_THREADS, set_threads
-from sb3_ppo_scale import stop_signals
 from sb3_ppo_scale.tuning import preemption
 from sb3_ppo_scale.tuning.noise import DECAY_ATTR, NOISE_ATTR, enqueue_repeats
 from sb3_ppo_scale.tuning.objective import TrialDiverged, check_trials_can_start, decode_params, make_objective
