@@ -176,3 +176,22 @@ def test_final_returns_are_compared_without_a_misleading_ratio_when_negative() -
     assert report._final_return_against(-182.0, -255.0, "recurrent_ppo") == (
         "final return -182 against recurrent_ppo's -255")
     assert report._final_return_against(8.0, 8.0, "maskable_ppo") == "final return 8 against maskable_ppo's 8 (1.00x)"
+
+
+def test_improvement_over_every_config_of_the_extended_class(tmp_path: Path) -> None:
+    out = _two_tasks(tmp_path)
+    runs = out / "runs"
+    _run_file(runs, "sb3_ppo@const", 0, 2.0, 150.0, "A-v0")  # one seed, above the baseline on A-v0 only
+    _run_file(runs, "sb3_ppo@const", 0, 2.0, 90.0, "B-v0")
+    summary = report.summarise(report.load_results(out), 0.9)
+    assert report.strongest_extended_label(summary["A-v0"]) == "sb3_ppo@const"
+    assert report.strongest_extended_label(summary["B-v0"]) == "sb3_ppo"
+    assert report.strongest_extended_label({"algos": {"scalable_ppo@cpu": {}}}) is None
+    text = report.write_markdown(summary, out, 0.9, "cmd", over=report.over_tasks(summary, lambda task: 0.0)
+                                 ).read_text()
+    assert ("per task (the highest final-return IQM among their labels): A-v0 sb3_ppo@const (1 seed, not the "
+            "baseline); B-v0 sb3_ppo (3 seeds).") in text
+    improvement = text.split("Probability of improvement over each config")[1]
+    assert improvement.index("over sb3_ppo (") < improvement.index("over sb3_ppo@const (")  # the baseline first
+    assert "- scalable_ppo@cpu over sb3_ppo@const (A-v0, B-v0; 3 against 1 seeds): 1.00 [1.00, 1.00]" in text
+    assert "- scalable_ppo@gpu over sb3_ppo@const (A-v0; 3 against 1 seeds): 0.00 [0.00, 0.00]" in text

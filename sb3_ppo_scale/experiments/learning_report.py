@@ -11,7 +11,8 @@ prints the same numbers):
 - Over tasks: final returns normalised per task (a uniformly random policy's mean return 0, :data:`REFERENCE_RETURNS`
   or else the best label's mean final return 1), IQM and mean with stratified bootstrap intervals for each label run
   on every task, and their performance profile as a PNG.
-- Probability of improvement of each Scalable label over the baseline label on the tasks both ran (raw final returns).
+- Probability of improvement of each Scalable label over each label of the classes they extend (the baseline first)
+  on the tasks both ran (raw final returns), and per task the strongest of those labels.
 - Curves per task: the IQM over seeds at each evaluation with a bootstrap band, against env steps and against
   training wall-clock seconds (with the box's raw env step cost), and forward distance and episode length.
 """
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from sb3_ppo_scale.experiments import intervals
-from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, label_order, pair_of, parsed_or_unknown,
+from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, BASELINES, label_order, pair_of, parsed_or_unknown,
                                                   register_envs)
 from sb3_ppo_scale.experiments.intervals import Estimate
 from sb3_ppo_scale.experiments.pipeline import path_part
@@ -396,16 +397,47 @@ def _targets() -> str:
     return ", ".join(f"{task} {value:g}" for task, value in REFERENCE_RETURNS.items())
 
 
-def _improvement_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
-    """Probability of improvement of each Scalable label over the baseline (none without a Scalable label)."""
-    baseline = _baseline(summary)
-    labels = [label for label in _labels(summary) if pair_of(label) is not None and label != baseline]
-    if not labels:
+def _extended_class_labels(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """The labels that run a class the Scalable ones extend (SB3's PPO, MaskablePPO, RecurrentPPO), the baseline
+    first."""
+    return [label for label in _labels(summary) if parsed_or_unknown(label)[0] in BASELINES]
+
+
+def strongest_extended_label(data: dict[str, Any]) -> str | None:
+    """A task's label of an extended class with the highest final-return IQM (None where it has none): the
+    strongest config of SB3's PPO (or of the contrib class) that the report holds for the task."""
+    labels = [label for label in data["algos"] if parsed_or_unknown(label)[0] in BASELINES]
+    return max(labels, key=lambda a: data["algos"][a]["final_return"]["iqm"].point, default=None)
+
+
+def _strongest_line(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Per task, the strongest config of the extended classes, and whether it is the baseline."""
+    cells = []
+    for task, data in summary.items():
+        label = strongest_extended_label(data)
+        if label is not None:
+            seeds = len(data["algos"][label]["seeds"])
+            note = "" if label == data["baseline"] else ", not the baseline"
+            cells.append(f"{task} {label} ({seeds} seed{'s' if seeds > 1 else ''}{note})")
+    if not cells:
         return []
-    return ["", f"Probability of improvement over the baseline ({baseline}): P(a run of the label scores a higher "
-            "final return than a run of the baseline on the same task), averaged over the tasks both ran, with its "
-            "95% stratified bootstrap interval (0.5: no difference; seeds run on every one of those tasks):", "",
-            *(_improvement_line(summary, label, baseline) for label in labels)]
+    return ["", "Strongest config of the extended classes per task (the highest final-return IQM among their "
+            "labels): " + "; ".join(cells) + "."]
+
+
+def _improvement_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Probability of improvement of each Scalable label over each label of the extended classes, the baseline
+    first (none without a Scalable label)."""
+    labels = [label for label in _labels(summary) if pair_of(label) is not None]
+    references = _extended_class_labels(summary)
+    if not labels or not references:
+        return []
+    return [*_strongest_line(summary),
+            "", "Probability of improvement over each config of the extended classes (the baseline, "
+            f"{_baseline(summary)}, first): P(a run of the label scores a higher final return than a run of the other "
+            "label on the same task), averaged over the tasks both ran, with its 95% stratified bootstrap interval "
+            "(0.5: no difference; seeds run on every one of those tasks):", "",
+            *(_improvement_line(summary, label, reference) for reference in references for label in labels)]
 
 
 def _improvement_line(summary: dict[str, dict[str, Any]], label: str, baseline: str) -> str:
