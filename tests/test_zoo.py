@@ -317,3 +317,17 @@ def test_sb3_defaults_baselines_are_ppo_defaults_with_vecnormalize(task: str) ->
     config = zoo.load_config(None, task, "sb3_defaults")
     assert config.model_kwargs == {} and config.n_envs == 1 and config.normalize == {}
     assert config.policy == "MlpPolicy"
+
+
+def test_an_envpool_entry_on_gymnasium_envs_names_the_envpool_kwargs() -> None:
+    """``--set vec_env=dummy`` on an EnvPool recipe keeps ``env_kwargs: {num_threads: 1}``, which Gymnasium's envs
+    do not take: the error names the key and the override that drops it."""
+    config = zoo.load_config(None, "HalfCheetah-v5", "recipe", {"vec_env": "dummy"})
+    assert config.env_kwargs == {"num_threads": 1}
+    with pytest.raises(ValueError, match=r"env_kwargs \['num_threads'\] set EnvPool's threads .* "
+                                         r"\(vec_env: dummy\); drop them: --set 'env_kwargs=\{\}'"):
+        zoo.make_envs(config, n_envs=1)
+    env = zoo.make_envs(zoo.load_config(None, "HalfCheetah-v5", "recipe", {"vec_env": "dummy", "env_kwargs": {}}),
+                        n_envs=1)
+    assert env.num_envs == 1
+    env.close()

@@ -493,6 +493,7 @@ def make_envs(
     elif vec_env_cls is None and config.vec_env == "scale":
         env = _scale_envs(config, n_envs, seed)
     else:
+        _check_gymnasium_env_kwargs(config)
         vec_env_cls = vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv)
         wrappers = list(config.env_wrappers)
         if vec_env_cls is SubprocVecEnv:  # so that checkpoints keep the episodes in the worker processes
@@ -521,6 +522,21 @@ def make_envs(
     if is_image_space(space) and not is_image_space_channels_first(space):  # type: ignore[arg-type]
         env = VecTransposeImage(env)
     return env
+
+
+#: ``env_kwargs`` that set EnvPool's thread pool, not the env: Gymnasium's envs do not take them
+ENVPOOL_POOL_KWARGS = ("num_threads", "thread_affinity_offset")
+
+
+def _check_gymnasium_env_kwargs(config: ZooConfig) -> None:
+    """ValueError where ``env_kwargs`` holds EnvPool's pool options but the envs are Gymnasium's (an EnvPool entry
+    run with ``--set vec_env=dummy``): the message names the keys and the fix."""
+    pool_kwargs = sorted(set(config.env_kwargs) & set(ENVPOOL_POOL_KWARGS))
+    if pool_kwargs:
+        rest = {k: v for k, v in config.env_kwargs.items() if k not in pool_kwargs}
+        raise ValueError(f"entry {config.entry!r}: env_kwargs {pool_kwargs} set EnvPool's threads (vec_env: envpool), "
+                         f"but these envs are Gymnasium's (vec_env: {config.vec_env}); drop them: "
+                         f"--set 'env_kwargs={rest}'")
 
 
 def _scale_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
