@@ -1,5 +1,6 @@
-"""The learning benchmark's report (experiments/learning_report.py): per-task tables with IQM and mean, the aggregate
-over tasks, probability of improvement, the PNGs; built from synthetic run files."""
+"""The learning benchmark's report (experiments/learning_report.py, its curves in learning_curves.py): per-task
+tables with IQM and mean, the aggregate over tasks, probability of improvement, the PNGs; built from synthetic run
+files."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sb3_ppo_scale.experiments import bench, learning_report as report
+from sb3_ppo_scale.experiments import bench, learning_curves as curves, learning_report as report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -164,9 +165,9 @@ def test_box_line_and_env_step_cost() -> None:
     line = report.box_line(runs)
     assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us" in line
     assert "1 older runs did not record it" in line
-    assert report.env_step_us(runs, "T") == 20.0 and report.env_step_us(runs, "U") is None
-    assert report.step_cost_title(runs, "T").startswith("raw env step: 20 us (gym.make")
-    assert report.step_cost_title(runs, "U") == "raw env step: not recorded for these runs"
+    assert curves.env_step_us(runs, "T") == 20.0 and curves.env_step_us(runs, "U") is None
+    assert curves.step_cost_title(runs, "T").startswith("raw env step: 20 us (gym.make")
+    assert curves.step_cost_title(runs, "U") == "raw env step: not recorded for these runs"
     assert "not recorded" in report.box_line([{"task": "T"}])
     dated = [{"task": "T", "box": {**run["box"], "date": day}} for run, day in zip(runs, ("2026-12-01", "2026-12-04"))]
     assert report.box_line(dated).startswith("Runs started 2026-12-01 to 2026-12-04. Each run: one process")

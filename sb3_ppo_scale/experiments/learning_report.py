@@ -13,8 +13,9 @@ prints the same numbers):
   on every task, and their performance profile as a PNG.
 - Probability of improvement of each Scalable label over each label of the classes they extend (the baseline first)
   on the tasks both ran (raw final returns), and per task the strongest of those labels.
-- Curves per task: the IQM over seeds at each evaluation with a bootstrap band, against env steps and against
-  training wall-clock seconds (with the box's raw env step cost), and forward distance and episode length.
+- Curves per task (:mod:`sb3_ppo_scale.experiments.learning_curves`): the IQM over seeds at each evaluation with a
+  bootstrap band, against env steps and against training wall-clock seconds (with the box's raw env step cost), and
+  forward distance and episode length.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sb3_ppo_scale.experiments import intervals
 from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, BASELINES, label_order, pair_of, parsed_or_unknown,
                                                   register_envs)
 from sb3_ppo_scale.experiments.intervals import Estimate
-from sb3_ppo_scale.experiments.pipeline import path_part
+from sb3_ppo_scale.experiments.learning_curves import env_step_us, plot_curves
 
 Run = dict[str, Any]
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
@@ -82,14 +83,6 @@ def task_threshold(task: str, baseline_runs: list[Run], threshold_frac: float) -
         candidates.append(threshold_frac * float(np.mean([r["final_return"] for r in baseline_runs])))
     finite = [c for c in candidates if np.isfinite(c)]
     return max(finite) if finite else float("nan")
-
-
-def env_step_us(results: list[Run], task: str) -> float | None:
-    """The task's raw env step cost in microseconds, as its runs recorded it (``box.env_step_us``, median over
-    runs); None where no run recorded it."""
-    recorded = [r["box"]["env_step_us"] for r in results
-                if r["task"] == task and r.get("box", {}).get("env_step_us") is not None]
-    return float(np.median(recorded)) if recorded else None
 
 
 # ------------------------------------------------------------------------------------------------ per task
@@ -542,69 +535,3 @@ def write_report(results: list[Run], out: Path, threshold_frac: float, baseline:
     markdown = write_markdown(summary, out, threshold_frac, command, box_line(results), over)
     profile = performance_profile(over, out)
     return [markdown, *([profile] if profile else []), *plot_curves(results, out, baseline)]
-
-
-# ------------------------------------------------------------------------------------------------ curves
-#: the panels of a task's curves: (x key, y key, x label, y label); x "train_s" is the wall-clock panel
-CURVE_PANELS = (("steps", "return", "env steps", "evaluation return"),
-                ("train_s", "return", "training wall-clock s (evaluation excluded)", "evaluation return"),
-                ("steps", "forward_distance", "env steps", "forward distance (m)"),
-                ("steps", "length", "env steps", "episode length (steps)"))
-
-
-def _plot_label(axes: Any, runs: list[Run], label: str, color: Any) -> None:
-    """One label's lines in every panel: the IQM over seeds at each evaluation (the first evaluations every seed
-    has), its bootstrap band, at the seeds' mean x; a panel whose value some run did not record stays empty."""
-    n = min(len(r["curve"]) for r in runs)
-    bands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for ax, (x_key, y_key, _, _) in zip(axes, CURVE_PANELS):
-        values = [[p.get(y_key) for p in r["curve"][:n]] for r in runs]
-        if any(v is None for row in values for v in row):
-            continue
-        if y_key not in bands:
-            bands[y_key] = intervals.iqm_curve(values)
-        iqm, low, high = bands[y_key]
-        x = np.mean([[p[x_key] for p in r["curve"][:n]] for r in runs], axis=0)
-        ax.plot(x, iqm, color=color, label=f"{label} ({len(runs)} seeds)")
-        ax.fill_between(x, low, high, color=color, alpha=0.15)
-
-
-def step_cost_title(results: list[Run], task: str) -> str:
-    """The wall-clock panel's title: the task's raw env step cost as its runs recorded it (:func:`env_step_us`)."""
-    step_us = env_step_us(results, task)
-    return "raw env step: " + (f"{step_us:.0f} us (gym.make, one env, random actions; median over runs)"
-                               if step_us is not None else "not recorded for these runs")
-
-
-def plot_curves(results: list[Run], out: Path, baseline: str = "sb3_ppo") -> list[Path]:
-    """``<out>/learning_<task>.png`` per task: evaluation return against env steps and against training wall-clock
-    seconds (its title: the box's raw env step cost), forward distance and episode length against env steps; per
-    label the IQM over seeds with a 95% bootstrap band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for task in sorted({r["task"] for r in results}):
-        labels = sorted({r["algo"] for r in results if r["task"] == task}, key=lambda a: label_order(a, baseline))
-        fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(21, 4.8))
-        colors = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20").colors
-        for label, color in zip(labels, colors):
-            _plot_label(axes, [r for r in results if r["task"] == task and r["algo"] == label], label, color)
-        for ax, (_, _, xlabel, ylabel) in zip(axes, CURVE_PANELS):
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            if not ax.lines:  # e.g. forward distance of an env without an x position
-                ax.text(0.5, 0.5, "not recorded for this task", ha="center", va="center", transform=ax.transAxes)
-        axes[1].set_title(step_cost_title(results, task), fontsize=9)
-        axes[0].legend(fontsize=7)
-        fig.suptitle(f"{task}: the Scalable classes and the classes they extend, config entries in the labels "
-                     "(line: IQM over seeds; band: 95% bootstrap interval)")
-        fig.tight_layout()
-        path = out / f"learning_{path_part(task)}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
