@@ -390,16 +390,20 @@ def _targets() -> str:
     return ", ".join(f"{task} {value:g}" for task, value in REFERENCE_RETURNS.items())
 
 
+def _runs_extended_class(label: str) -> bool:
+    """Whether ``label`` runs a class the Scalable ones extend (SB3's PPO, MaskablePPO, RecurrentPPO)."""
+    return parsed_or_unknown(label)[0] in BASELINES
+
+
 def _extended_class_labels(summary: dict[str, dict[str, Any]]) -> list[str]:
-    """The labels that run a class the Scalable ones extend (SB3's PPO, MaskablePPO, RecurrentPPO), the baseline
-    first."""
-    return [label for label in _labels(summary) if parsed_or_unknown(label)[0] in BASELINES]
+    """The report's labels that run an extended class (:func:`_runs_extended_class`), the baseline first."""
+    return [label for label in _labels(summary) if _runs_extended_class(label)]
 
 
 def strongest_extended_label(data: dict[str, Any]) -> str | None:
     """A task's label of an extended class with the highest final-return IQM (None where it has none): the
     strongest config of SB3's PPO (or of the contrib class) that the report holds for the task."""
-    labels = [label for label in data["algos"] if parsed_or_unknown(label)[0] in BASELINES]
+    labels = [label for label in data["algos"] if _runs_extended_class(label)]
     return max(labels, key=lambda a: data["algos"][a]["final_return"]["iqm"].point, default=None)
 
 
