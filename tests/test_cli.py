@@ -56,7 +56,7 @@ def test_typo_in_env_id_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
         (["--set", "learning_rat=1e-3"], "unknown key 'learning_rat' in entry 'CartPole-v1'"),
         (["--set", "n_envs=0"], "n_envs in entry 'CartPole-v1' must be a positive integer, got 0"),
         (["--set", "learning_rate=fast"], "learning_rate: expected a number, 'lin_<number>'"),
-        (["--set", "vec_env=threads"], "vec_env in entry 'CartPole-v1' must be one of ('dummy', 'subproc', 'envpool', 'scale')"),
+        (["--set", "vec_env=threads"], "vec_env in entry 'CartPole-v1' must be one of ('dummy', 'subproc', 'processes', 'envpool', 'scale')"),
         (["--variant", "nope"], "no entry 'CartPole-v1@nope'"),
         (["--n-timesteps", "0"], "--n-timesteps must be >= 1, got 0"),
         (["--threads", "0"], "--threads must be an int >= 1, got 0"),
@@ -98,7 +98,7 @@ def test_bad_yaml_and_bad_option_are_one_line(tmp_path: Path, capsys: pytest.Cap
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["sb3-ppo-scale train: error: argument --vec-env: invalid choice: 'threads' (choose from "
-                   "'dummy', 'subproc', 'envpool', 'scale') (see sb3-ppo-scale train --help)"]
+                   "'dummy', 'subproc', 'processes', 'envpool', 'scale') (see sb3-ppo-scale train --help)"]
 
 
 def test_failure_while_building_the_model_leaves_no_run_folder(tmp_path: Path,

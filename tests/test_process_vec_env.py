@@ -6,6 +6,7 @@ checkpoint resumes it."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -260,3 +261,59 @@ def test_resume_from_the_last_checkpoint_after_a_killed_worker(tmp_path: Path) -
     learn_resumable(resumed, None, ResumableCheckpoint(path, every_steps=n_steps * n_envs, signals=()))
     assert resumed.num_timesteps == budget
     resumed.get_env().close()
+
+
+def _worker_pids(pid: int) -> list[int]:
+    """The env worker processes of process ``pid``: its forked children (same command line; Linux's /proc)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    return [int(child) for child in children if Path(f"/proc/{child}/cmdline").read_bytes() == command]
+
+
+def test_train_stopped_by_a_killed_worker_names_it_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """``train --vec-env processes``: a worker killed mid-run ends the run with one line naming the worker and the
+    checkpoint to resume from (exit code 1, no traceback); ``--resume`` completes the run to its budget."""
+    import subprocess
+    import sys
+    import time
+
+    from sb3_ppo_scale.checkpoint import read_checkpoint
+
+    rollout, budget = 4 * 32, 64 * 4 * 32
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "sb3_ppo_scale", "train", "--env", "CartPole-v1", "--vec-env", "processes",
+               "--set", "n_envs=4", "--set", "n_steps=32", "--set", "batch_size=64", "--set", "n_epochs=4",
+               "--n-timesteps", str(budget), "--checkpoint-every", str(4 * rollout), "--eval-freq", "0",
+               "--no-progress", "--log-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    while not (run / "checkpoint.pt").exists():  # the first periodic checkpoint: training is under way
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.02)
+    workers = _worker_pids(process.pid)
+    assert len(workers) == default_workers(4), workers
+    last, per_worker = len(workers) - 1, 4 // len(workers)
+    hosted = f"env {last}" if per_worker == 1 else f"envs {last * per_worker}-3"
+    os.kill(workers[last], signal.SIGKILL)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err
+    steps = read_checkpoint(run / "checkpoint.pt")["counters"]["num_timesteps"]
+    assert 0 < steps < budget and steps % rollout == 0
+    assert "Traceback" not in err
+    assert re.fullmatch(
+        rf"sb3-ppo-scale train: env worker {last} \(pid {workers[last]}, {hosted} of CartPole-v1\) "
+        rf"died: killed by signal "
+        rf"SIGKILL.*; run the same command with --resume to continue from checkpoint {re.escape(str(run))}/checkpoint"
+        rf"\.pt at {steps} env steps", err.strip().splitlines()[-1]), err
+
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming {run / 'checkpoint.pt'} at {steps} of {budget} env steps" in resumed.stdout
+    assert ScalablePPO.load(run / "model.zip").num_timesteps == budget
+
+
+def test_a_run_without_a_checkpoint_says_it_starts_anew(tmp_path: Path) -> None:
+    from sb3_ppo_scale.experiments.commands import _where_to_resume
+
+    assert _where_to_resume(tmp_path / "checkpoint.pt") == (
+        "no checkpoint was written (--checkpoint-every N writes one every N env steps); the run starts anew")

@@ -289,8 +289,10 @@ def test_bad_env_values_raise() -> None:
         zoo.load_config(None, "CartPole-v1", None, {"normalize": 3})
 
 
-def test_vec_env_kinds_and_activation_names() -> None:
+def test_vec_env_kinds_and_activation_names(tmp_path: Path) -> None:
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from sb3_ppo_scale.envs import ProcessVecEnv, default_workers
 
     config = zoo.load_config(None, "CartPole-v1", None, {"n_envs": 2, "vec_env": "subproc"})
     env = zoo.make_envs(config, seed=3)
@@ -300,8 +302,17 @@ def test_vec_env_kinds_and_activation_names() -> None:
     finally:
         env.close()
     assert isinstance(zoo.make_envs(config, n_envs=1, vec_env_cls=DummyVecEnv), DummyVecEnv)  # an explicit class wins
+    config = zoo.load_config(None, "CartPole-v1", None, {"n_envs": 4, "vec_env": "processes"})
+    env = zoo.make_envs(config, seed=3, monitor_dir=str(tmp_path))
+    try:
+        assert isinstance(env, ProcessVecEnv) and env.num_envs == 4 and env.n_workers == default_workers(4)
+        assert env.reset().shape == (4, 4)
+    finally:
+        env.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{i}.monitor.csv" for i in range(4)]
     assert zoo.load_config(None, "CartPole-v1").vec_env == "dummy"
-    with pytest.raises(ValueError, match=r"vec_env in entry 'CartPole-v1' must be one of \('dummy', 'subproc', 'envpool', 'scale'\)"):
+    with pytest.raises(ValueError, match=r"vec_env in entry 'CartPole-v1' must be one of \('dummy', 'subproc', "
+                                         r"'processes', 'envpool', 'scale'\)"):
         zoo.load_config(None, "CartPole-v1", None, {"vec_env": "ray"})
     config = zoo.load_config(None, "CartPole-v1", None, {"policy_kwargs": {"net_arch": [8], "activation_fn": "relu"}})
     assert config.model_kwargs["policy_kwargs"]["activation_fn"] is th.nn.ReLU

@@ -39,6 +39,7 @@ import yaml
 from sb3_ppo_scale import distributed as data_parallel
 from sb3_ppo_scale.distributed import is_main_process
 from sb3_ppo_scale import checkpoint as checkpointing
+from sb3_ppo_scale.envs.processes import EnvWorkerError
 from sb3_ppo_scale.experiments import bench as bench_module
 from sb3_ppo_scale.experiments.algorithms import ALGORITHMS, DEFAULT_ALGO, algorithm, evaluate_policy
 from sb3_ppo_scale.experiments.pipeline import (
@@ -54,6 +55,9 @@ from sb3_ppo_scale.experiments.pipeline import (
 #: What a ``train`` run writes into its folder besides ``config.yml``, ``monitor/`` and ``tensorboard/``
 RUN_OUTPUTS = ("model.zip", "vecnormalize.pkl", "best_model.zip", "evaluations.npz", "final_eval.json",
                checkpointing.CHECKPOINT_NAME)
+#: ``train``'s exit code when an env worker process died (:class:`~sb3_ppo_scale.envs.EnvWorkerError`): not a
+#: usage error (2) and not a preemption (:data:`~sb3_ppo_scale.checkpoint.PREEMPTED_EXIT_CODE`, 75).
+ENV_FAILURE_EXIT_CODE = 1
 #: Seed offset of ``train``'s final evaluation (episodes differ from the periodic evaluations').
 FINAL_EVAL_SEED_OFFSET = 2 * EVAL_SEED_OFFSET
 
@@ -97,7 +101,8 @@ def _add_train(parser: argparse.ArgumentParser) -> None:
                         help="torch device for the policy: auto (default), cpu, cuda, cuda:<index> or mps")
     parser.add_argument("--n-timesteps", type=int, default=None, help="env steps (default: the entry's n_timesteps)")
     parser.add_argument("--vec-env", choices=VEC_ENV_KINDS, default=None,
-                        help="how envs are vectorised (default: the entry's vec_env, else dummy); envpool needs "
+                        help="how envs are vectorised (default: the entry's vec_env, else dummy): processes = worker "
+                             "processes with several envs each; scale = the scale plan's pick; envpool needs "
                              "pip install 'sb3-ppo-scale[envpool]'")
     add_threads_argument(parser)
     parser.add_argument("--log-dir", default=None, help="run folder (default logs/<entry>_seed<seed>)")
@@ -148,6 +153,9 @@ def train(args: argparse.Namespace) -> int:
             print(f"sb3-ppo-scale train: {stopped}; run the same command with --resume to continue", file=sys.stderr,
                   flush=True)
         return checkpointing.PREEMPTED_EXIT_CODE
+    except EnvWorkerError as died:
+        print(f"sb3-ppo-scale train: {died}; {_where_to_resume(checkpoint.path)}", file=sys.stderr, flush=True)
+        return ENV_FAILURE_EXIT_CODE
     if not main:
         return 0
     model.save(run_dir / "model.zip")
@@ -160,6 +168,15 @@ def train(args: argparse.Namespace) -> int:
     print(f"saved {run_dir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
           f"over {result['episodes']} episodes")
     return 0
+
+
+def _where_to_resume(checkpoint: Path) -> str:
+    """What a run stopped by a dead env worker can resume from: its checkpoint (and at how many env steps), or
+    nothing."""
+    if not checkpoint.is_file():
+        return "no checkpoint was written (--checkpoint-every N writes one every N env steps); the run starts anew"
+    steps = checkpointing.read_checkpoint(checkpoint)["counters"]["num_timesteps"]
+    return f"run the same command with --resume to continue from checkpoint {checkpoint} at {steps} env steps"
 
 
 def _build_run(config: Any, args: argparse.Namespace, run_dir: Path, n_timesteps: int,
@@ -275,11 +292,11 @@ def _print_evaluation(result: Any) -> None:
 
 
 def _evaluation_vec_env(config: Any) -> type | None:
-    """One evaluation env needs no subprocess; EnvPool envs stay EnvPool (their observations differ), and so do the
-    scale plan's (one env: the same backend choice)."""
+    """One evaluation env needs no worker process; EnvPool envs stay EnvPool (their observations differ), and so do
+    the scale plan's (one env: the same backend choice)."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    return DummyVecEnv if config.vec_env == "subproc" else None
+    return DummyVecEnv if config.vec_env in ("subproc", "processes") else None
 
 
 def _write_run_config(run_dir: Path, config: Any, args: argparse.Namespace, n_timesteps: int) -> None:

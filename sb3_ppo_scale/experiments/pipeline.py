@@ -45,8 +45,10 @@ EVAL_SEED_OFFSET = 10_000
 #: (results in benchmarks/results/threads.md): for the zoo's small MLPs one thread beats torch's default.
 DEFAULT_THREADS = 1
 
-#: How a config's envs are vectorised (the ``vec_env`` key, ``train --vec-env``).
-VEC_ENV_KINDS = ("dummy", "subproc", "envpool", "scale")
+#: How a config's envs are vectorised (the ``vec_env`` key, ``train --vec-env``): SB3's ``DummyVecEnv`` or
+#: ``SubprocVecEnv``, :class:`sb3_ppo_scale.envs.ProcessVecEnv` (worker processes, several envs each, observations
+#: in shared memory), EnvPool, or the backend :func:`sb3_ppo_scale.envs.plan_scale` picks for the machine.
+VEC_ENV_KINDS = ("dummy", "subproc", "processes", "envpool", "scale")
 
 #: Activation names -> classes. Configs name them in lower case (``tanh``); zoo ``policy_kwargs`` strings use the
 #: class names (``nn.Tanh``), see :data:`sb3_ppo_scale.experiments.zoo.SAFE_NAMES`.

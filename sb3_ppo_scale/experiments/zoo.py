@@ -2,7 +2,7 @@
 
 A config file is a YAML mapping from entry names to hyperparameters, in the zoo's format: one entry per env id
 (``atari`` for every Atari game), keys ``n_timesteps``, ``policy``, ``n_envs``, ``normalize``, ``env_wrapper``,
-``frame_stack``, ``env_kwargs``, ``vec_env`` (``dummy``, ``subproc`` or ``envpool``) and the algorithm's
+``frame_stack``, ``env_kwargs``, ``vec_env`` (one of :data:`VEC_ENV_KINDS`) and the algorithm's
 constructor arguments. Variants of an entry are named
 ``<entry>@<variant>`` (e.g. ``HalfCheetah-v5@gpu``). Unlike the zoo, nothing is passed to ``eval``:
 ``policy_kwargs`` / ``normalize`` strings go through :func:`parse_literal`, a literal parser that only knows
@@ -35,6 +35,7 @@ from sb3_ppo_scale.core.update.lr import KL_ADAPTIVE, KLAdaptiveLR
 from sb3_ppo_scale.core.ppo import ScalablePPO
 from sb3_ppo_scale.envs.envpool import EnvPoolVecEnv
 from sb3_ppo_scale.envs.episodes import EpisodeState
+from sb3_ppo_scale.envs.processes import ProcessVecEnv
 from sb3_ppo_scale.experiments.algorithms import DEFAULT_ALGO, algorithm, importable_env_id, register_envs
 from sb3_ppo_scale.experiments.pipeline import ACTIVATIONS, MODEL_KEYS, VEC_ENV_KINDS, LinearSchedule, activation
 
@@ -54,6 +55,9 @@ RUN_KEYS = {"seed": "--seed", "device": "--device", "verbose": "--verbose",
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 #: Module prefixes an ``env_wrapper`` class may be imported from.
 WRAPPER_MODULES = ("stable_baselines3.", "sb3_contrib.", "gymnasium.wrappers", "rl_zoo3.wrappers", "sb3_ppo_scale.")
+
+#: The ``vec_env`` kinds whose envs are Gymnasium's, built by SB3's ``make_vec_env`` with this class.
+GYMNASIUM_VEC_ENVS: dict[str, type[VecEnv]] = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv, "processes": ProcessVecEnv}
 
 #: Module prefixes a ``rollout_buffer_class`` may be imported from.
 BUFFER_MODULES = ("stable_baselines3.", "sb3_contrib.", "sb3_ppo_scale.")
@@ -481,8 +485,9 @@ def make_envs(
     :param seed: seed of the first env (env ``i`` gets ``seed + i``; None: random; EnvPool: 0).
     :param eval_env: VecNormalize neither updates its statistics nor normalises rewards (zoo convention).
     :param monitor_dir: folder for the Monitor CSVs (not with EnvPool, whose VecEnv records episodes itself).
-    :param vec_env_cls: DummyVecEnv or SubprocVecEnv; default: the config's ``vec_env`` (``dummy`` ->
-        DummyVecEnv, ``subproc`` -> SubprocVecEnv, ``envpool`` -> :func:`sb3_ppo_scale.envs.make_envpool_vec_env`).
+    :param vec_env_cls: DummyVecEnv, SubprocVecEnv or ProcessVecEnv; default: the config's ``vec_env`` (``dummy``
+        -> DummyVecEnv, ``subproc`` -> SubprocVecEnv, ``processes`` -> ProcessVecEnv, ``envpool`` ->
+        :func:`sb3_ppo_scale.envs.make_envpool_vec_env`, ``scale`` -> :func:`sb3_ppo_scale.envs.make_scale_vec_env`).
     :param normalize_stats: a saved ``vecnormalize.pkl`` to load instead of fresh statistics.
     """
     _register_ale()
@@ -494,12 +499,13 @@ def make_envs(
         env = _scale_envs(config, n_envs, seed)
     else:
         _check_gymnasium_env_kwargs(config)
-        vec_env_cls = vec_env_cls or (SubprocVecEnv if config.vec_env == "subproc" else DummyVecEnv)
+        vec_env_cls = vec_env_cls or GYMNASIUM_VEC_ENVS[config.vec_env]
         wrappers = list(config.env_wrappers)
         if vec_env_cls is SubprocVecEnv:  # so that checkpoints keep the episodes in the worker processes
             wrappers.append((EpisodeState, {}))
+        in_workers = vec_env_cls in (SubprocVecEnv, ProcessVecEnv)
         env = make_vec_env(
-            importable_env_id(config.env_id) if vec_env_cls is SubprocVecEnv else config.env_id,  # workers import
+            importable_env_id(config.env_id) if in_workers else config.env_id,  # workers import
             n_envs=n_envs,
             seed=seed,
             env_kwargs=config.env_kwargs,
@@ -544,7 +550,7 @@ def _scale_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
     ``train`` prints the plan). No Monitor CSVs: the backends record episodes themselves."""
     if config.env_wrappers:
         raise ValueError(f"entry {config.entry!r}: env_wrapper cannot wrap the scale backends' envs (vec_env: scale); "
-                         "drop env_wrapper or use vec_env dummy/subproc")
+                         "drop env_wrapper or use vec_env dummy, subproc or processes")
     from sb3_ppo_scale.envs import make_scale_vec_env
 
     env, _ = make_scale_vec_env(config.env_id, n_envs, 0 if seed is None else seed, env_kwargs=config.env_kwargs,
@@ -556,7 +562,7 @@ def _envpool_envs(config: ZooConfig, n_envs: int, seed: int | None) -> VecEnv:
     """EnvPool's VecEnv for ``config`` (``vec_env: envpool``); ValueError if the extra is not installed."""
     if config.env_wrappers:
         raise ValueError(f"entry {config.entry!r}: env_wrapper cannot wrap EnvPool's envs (vec_env: envpool); "
-                         "drop env_wrapper or use vec_env dummy/subproc")
+                         "drop env_wrapper or use vec_env dummy, subproc or processes")
     try:
         from sb3_ppo_scale.envs import make_envpool_vec_env
 
