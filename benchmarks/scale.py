@@ -8,6 +8,8 @@
            - ``scalable``: ScalablePPO with everything the scale plan turns on (``sb3_ppo_scale.envs.plan_scale``:
              EnvPool on every core, one torch thread for collection, every core for ``train()``, CUDA and graphs
              on a GPU box);
+           - ``scalable_compiled``: the same with ``compile_loss=True`` (the loss and its backward through
+             ``torch.compile``; the compile falls in the untimed first rollout, and its seconds are reported);
            - ``scalable_processes``: the same plan on ``ProcessVecEnv`` (worker processes, shared-memory observations:
              the backend for envs EnvPool does not have);
            - ``sbx``: SBX's PPO (JAX) on the fast backend, where installed (``pip install -e ".[bench]"``).
@@ -51,7 +53,7 @@ from benchmarks.end_to_end import header, mujoco_step_us, phase_timer  # noqa: E
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scale"
-VARIANTS = ("sb3_dummy", "sb3_fast", "scalable", "scalable_processes", "sbx")
+VARIANTS = ("sb3_dummy", "sb3_fast", "scalable", "scalable_compiled", "scalable_processes", "sbx")
 BASELINE = "sb3_dummy"
 #: the config of every row: the large-batch shape (@gpu_const's hyperparameters)
 CONFIG: dict[str, Any] = {"n_steps": 256, "batch_size": 2048, "n_epochs": 10, "learning_rate": 1e-3}
@@ -83,11 +85,12 @@ def build(variant: str, task: str, cores: int, device: str, seed: int = 0) -> An
                    **CONFIG)
     if variant == "sb3_fast":
         return PPO("MlpPolicy", _envpool_env(task, cores, seed), seed=seed, device=device, **CONFIG)
-    if variant in ("scalable", "scalable_processes"):
+    if variant in ("scalable", "scalable_compiled", "scalable_processes"):
         backend = "processes" if variant == "scalable_processes" else None
         plan = plan_scale(task, N_ENVS, cores=cores, device=device, backend=backend)
         env, plan = make_scale_vec_env(task, plan=plan, seed=seed, verbose=0)
-        return ScalablePPO("MlpPolicy", VecNormalize(env), seed=seed, **plan.model_kwargs(), **CONFIG)
+        compiled = {"compile_loss": True} if variant == "scalable_compiled" else {}
+        return ScalablePPO("MlpPolicy", VecNormalize(env), seed=seed, **plan.model_kwargs(), **CONFIG, **compiled)
     from sbx import PPO as SBXPPO
 
     return SBXPPO("MlpPolicy", _envpool_env(task, cores, seed), seed=seed, **CONFIG)
@@ -100,13 +103,15 @@ def run_once(variant: str, task: str, cores: int, device: str, rollouts: int) ->
     filter_known_warnings()
     model = build(variant, task, cores, device)
     rollout = model.n_steps * model.n_envs
-    model.learn(rollout)  # untimed: warm-up (SBX's jit, CUDA graph capture)
+    warmup_start = time.perf_counter()
+    model.learn(rollout)  # untimed: warm-up (SBX's jit, CUDA graph capture, torch.compile)
+    warmup_s = time.perf_counter() - warmup_start
     timer = phase_timer()
     start, steps_before, cpu_before = time.perf_counter(), model.num_timesteps, time.process_time()
     model.learn(rollouts * rollout, callback=timer, reset_num_timesteps=False)
     wall = time.perf_counter() - start
     return {"steps": model.num_timesteps - steps_before, "wall_s": wall, "collect_s": timer.collect_s,
-            "update_s": wall - timer.collect_s, "cpu_s": time.process_time() - cpu_before}
+            "update_s": wall - timer.collect_s, "cpu_s": time.process_time() - cpu_before, "warmup_s": warmup_s}
 
 
 def _environment() -> dict[str, str]:
