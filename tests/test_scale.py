@@ -44,7 +44,7 @@ def test_with_envpool_the_envs_get_every_core_and_the_update_too() -> None:
     assert (plan.backend, plan.n_envs, plan.env_workers, plan.torch_threads, plan.update_threads) == (
         "envpool", 64, 2, 1, 2)
     assert plan.model_kwargs() == {"device": "cpu", "collect_device": "auto", "update_threads": 2,
-                                   "cuda_graphs": False}
+                                   "cuda_graphs": False, "compile_loss": scale_module.cxx_compiler() is not None}
     assert plan_scale("Hopper-v5", cores=32, device="cpu").n_envs == 128  # at least 4 envs a core
     assert plan_scale("Hopper-v5", n_envs=8, cores=32, device="cpu").n_envs == 8  # the config's count is kept
 
@@ -63,8 +63,17 @@ def test_on_cuda_small_env_counts_collect_on_a_cpu_copy(cuda: None) -> None:
     few, many = plan_scale("Hopper-v5", 8, cores=16), plan_scale("Hopper-v5", 64, cores=16)
     assert (few.device, few.collect_device, few.update_threads) == ("cuda", "cpu", 1)
     assert (many.device, many.collect_device) == ("cuda", "auto")
-    assert many.model_kwargs()["cuda_graphs"] is True
+    assert many.model_kwargs()["cuda_graphs"] is True and many.model_kwargs()["compile_loss"] is False
     assert "collection on a CPU copy" in few.describe() and "collection on a CPU copy" not in many.describe()
+
+
+def test_on_the_cpu_the_update_is_compiled_where_a_compiler_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scale_module, "cxx_compiler", lambda: "g++")
+    assert plan_scale("Hopper-v5", 64, cores=2, device="cpu").compile_loss is True
+    monkeypatch.setattr(scale_module, "cxx_compiler", lambda: None)
+    plan = plan_scale("Hopper-v5", 64, cores=2, device="cpu")
+    assert plan.compile_loss is False and plan.model_kwargs()["compile_loss"] is False
+    assert "no C++ compiler found (g++, clang++ or $CXX): the update runs eagerly" in plan.describe()
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -139,6 +148,7 @@ def test_train_variant_scale_prints_the_plan_and_trains_with_it(tmp_path: Path,
 
     model = ScalablePPO.load(run / "model.zip")
     assert model.update_threads == cores and model.collect_device == "auto"
+    assert model.compile_loss is (scale_module.cxx_compiler() is not None)
 
 
 def test_train_variant_scale_refuses_a_device_it_does_not_plan_for() -> None:

@@ -219,6 +219,15 @@ def check_compile_loss(compile_loss: object, cuda_graphs: bool) -> None:
         )
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler torch.compile's inductor would build CPU kernels with (``$CXX``, g++, clang++ or c++, the
+    first on PATH), or None."""
+    for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
 def check_compile_toolchain(compile_loss: bool, device: th.device) -> None:
     """``compile_loss=True`` needs what torch.compile's inductor builds kernels with: a C++ compiler for the CPU
     (``$CXX``, g++, clang++ or c++), Triton for CUDA. Checked before learning, so the error is not a compiler
@@ -231,8 +240,7 @@ def check_compile_toolchain(compile_loss: bool, device: th.device) -> None:
         if not has_triton():
             raise ValueError("compile_loss=True on CUDA needs Triton (pip install triton); or pass compile_loss=False")
         return
-    candidates = [os.environ.get("CXX"), "g++", "clang++", "c++"]
-    if not any(name and shutil.which(name) for name in candidates):
+    if cxx_compiler() is None:
         raise ValueError(
             "compile_loss=True on the CPU needs a C++ compiler for torch.compile (g++, clang++ or $CXX), and none "
             "was found on PATH; install one (e.g. apt install g++) or pass compile_loss=False"

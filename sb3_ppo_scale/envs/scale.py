@@ -13,6 +13,10 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
 - **torch threads**: one during collection (a small policy call per step; more threads only contend with the env
   threads), every core during ``train()`` (``update_threads``: minibatches of 2048 samples ran 1.2-1.7x faster per
   sample on two threads than on one, benchmarks/results/scale/cost_model.md).
+- **the CPU update compiled** (``compile_loss=True``) where a C++ compiler is found: on 2 cores the update took 0.23 s
+  a rollout against 0.27 s (Hopper) and 0.33 s (HalfCheetah) eager; end to end 1.21x on HalfCheetah and a tie on
+  Hopper (benchmarks/results/scale/scale.md, the ``scalable_eager`` rows; the compile, 10-15 s, is paid once per
+  run). On CUDA the update is replayed from CUDA graphs instead.
 - **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.9-14x SB3's ``train()`` on the H200,
   benchmarks/results/train_phase_cuda.md), else the CPU. With 8 envs or fewer on CUDA, collection runs a CPU copy of the policy (``collect_device="cpu"``:
   2.24x SB3's GPU loop at 1 env and 1.82x at 8 on the H200, but 0.85x at 64, where the GPU step wins).
@@ -28,7 +32,7 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppo_scale.core.checks import is_int
+from sb3_ppo_scale.core.checks import cxx_compiler, is_int
 from sb3_ppo_scale.envs.processes import available_cores, default_workers, make_process_vec_env
 from sb3_ppo_scale.envs.tasks import resolve_task
 
@@ -54,6 +58,7 @@ class ScalePlan:
     :param update_threads: torch's threads during ``train()`` (ScalablePPO's ``update_threads``).
     :param device: the policy's device, ``"cuda"`` or ``"cpu"``.
     :param collect_device: ScalablePPO's ``collect_device`` (``"auto"``: the policy's device).
+    :param compile_loss: ScalablePPO's ``compile_loss``: the CPU update through ``torch.compile``.
     :param cores: the cores the plan was made for.
     :param reasons: one line per choice.
     """
@@ -66,13 +71,15 @@ class ScalePlan:
     update_threads: int
     device: str
     collect_device: str
+    compile_loss: bool
     cores: int
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def model_kwargs(self) -> dict[str, Any]:
-        """ScalablePPO's arguments for this plan (device, collection device, update threads, CUDA graphs)."""
+        """ScalablePPO's arguments for this plan (device, collection device, update threads, CUDA graphs or the
+        compiled loss)."""
         return {"device": self.device, "collect_device": self.collect_device, "update_threads": self.update_threads,
-                "cuda_graphs": self.device == "cuda"}
+                "cuda_graphs": self.device == "cuda", "compile_loss": self.compile_loss}
 
     def apply_threads(self) -> None:
         """Set torch's threads for the process (collection's) to :attr:`torch_threads`."""
@@ -85,7 +92,8 @@ class ScalePlan:
                  f"{'thread(s)' if self.backend == 'envpool' else 'worker(s)'}",
                  f"  torch threads: {self.torch_threads} for collection, {self.update_threads} for train()",
                  f"  device: {self.device} (collect_device={self.collect_device!r}"
-                 f"{', cuda_graphs=True' if self.device == 'cuda' else ''})"]
+                 f"{', cuda_graphs=True' if self.device == 'cuda' else ''}"
+                 f"{', compile_loss=True' if self.compile_loss else ''})"]
         return "\n".join(lines + [f"  - {reason}" for reason in self.reasons])
 
 
@@ -151,10 +159,14 @@ def plan_scale(env_id: str, n_envs: int | None = None, cores: int | None = None,
     if use_cuda:
         reasons.append("CUDA: policy and update on the GPU, the update replayed from CUDA graphs"
                        + (f"; {n_envs} envs: collection on a CPU copy of the policy" if collect_device == "cpu" else ""))
+    compiler = None if use_cuda else cxx_compiler()
+    if not use_cuda:
+        reasons.append(f"CPU: the update compiled by torch.compile with {compiler}" if compiler else
+                       "CPU: no C++ compiler found (g++, clang++ or $CXX): the update runs eagerly")
     update_threads = 1 if use_cuda else cores
     return ScalePlan(env_id=env_id, n_envs=n_envs, backend=backend, env_workers=workers, torch_threads=1,
                      update_threads=update_threads, device="cuda" if use_cuda else "cpu", collect_device=collect_device,
-                     cores=cores, reasons=tuple(reasons))
+                     compile_loss=compiler is not None, cores=cores, reasons=tuple(reasons))
 
 
 def make_scale_vec_env(env_id: str, n_envs: int | None = None, seed: int = 0, plan: ScalePlan | None = None,
