@@ -14,7 +14,7 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
   threads), every core during ``train()`` (``update_threads``: minibatches of 2048 samples ran 1.2-1.7x faster per
   sample on two threads than on one, benchmarks/results/scale/cost_model.md).
 - **the CPU update compiled** (``compile_loss=True``) where a C++ compiler is found: on 2 cores the update took 0.23 s
-  a rollout against 0.27 s (Hopper) and 0.33 s (HalfCheetah) eager; end to end 1.21x on HalfCheetah and a tie on
+  a rollout against 0.27 s (Hopper) and 0.33 s (HalfCheetah) eager; end to end 1.20x on HalfCheetah and a tie on
   Hopper (benchmarks/results/scale/scale.md, the ``scalable_eager`` rows; the compile, 10-15 s, is paid once per
   run). On CUDA the update is replayed from CUDA graphs instead.
 - **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.9-14x SB3's ``train()`` on the H200,
