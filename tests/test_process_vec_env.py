@@ -301,10 +301,9 @@ def test_train_stopped_by_a_killed_worker_names_it_and_resumes_from_its_checkpoi
     assert 0 < steps < budget and steps % rollout == 0
     assert "Traceback" not in err
     assert re.fullmatch(
-        rf"sb3-ppo-scale train: env worker {last} \(pid {workers[last]}, {hosted} of CartPole-v1\) "
-        rf"died: killed by signal "
-        rf"SIGKILL.*; run the same command with --resume to continue from checkpoint {re.escape(str(run))}/checkpoint"
-        rf"\.pt at {steps} env steps", err.strip().splitlines()[-1]), err
+        rf"sb3-ppo-scale train: env worker {last} \(pid {workers[last]}, {hosted} of CartPole-v1\) died: killed by "
+        rf"signal SIGKILL.*; run the same command with --resume to continue from checkpoint "
+        rf"{re.escape(str(run / 'checkpoint.pt'))} at {steps} env steps", err.strip().splitlines()[-1]), err
 
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr

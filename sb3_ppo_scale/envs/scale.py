@@ -15,8 +15,9 @@ from a measurement (``benchmarks/scale.py``, docs/scale.md):
   sample on two threads than on one, benchmarks/results/scale/cost_model.md).
 - **the CPU update compiled** (``compile_loss=True``) where a C++ compiler is found: on 2 cores the update took 0.23 s
   a rollout against 0.27 s (Hopper) and 0.33 s (HalfCheetah) eager; end to end 1.20x on HalfCheetah and a tie on
-  Hopper (benchmarks/results/scale/scale.md, the ``scalable_eager`` rows; the compile, 10-15 s, is paid once per
-  run). On CUDA the update is replayed from CUDA graphs instead.
+  Hopper (benchmarks/results/scale/scale.md, the ``scalable_eager`` rows). The compile is paid once per run: the
+  first rollout took 4.3-5.2 s compiled against 0.9-1.8 s eager (``warmup_s`` in scale.json; 9.4 s once). On CUDA
+  the update is replayed from CUDA graphs instead.
 - **device**: CUDA when there is one (the update with ``cuda_graphs=True``: 2.9-14x SB3's ``train()`` on the H200,
   benchmarks/results/train_phase_cuda.md), else the CPU. With 8 envs or fewer on CUDA, collection runs a CPU copy of the policy (``collect_device="cpu"``:
   2.24x SB3's GPU loop at 1 env and 1.82x at 8 on the H200, but 0.85x at 64, where the GPU step wins).
@@ -159,8 +160,9 @@ def plan_scale(env_id: str, n_envs: int | None = None, cores: int | None = None,
     if use_cuda:
         reasons.append("CUDA: policy and update on the GPU, the update replayed from CUDA graphs"
                        + (f"; {n_envs} envs: collection on a CPU copy of the policy" if collect_device == "cpu" else ""))
-    compiler = None if use_cuda else cxx_compiler()
+    compiler = None
     if not use_cuda:
+        compiler = cxx_compiler()
         reasons.append(f"CPU: the update compiled by torch.compile with {compiler}" if compiler else
                        "CPU: no C++ compiler found (g++, clang++ or $CXX): the update runs eagerly")
     update_threads = 1 if use_cuda else cores
