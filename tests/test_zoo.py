@@ -342,3 +342,16 @@ def test_an_envpool_entry_on_gymnasium_envs_names_the_envpool_kwargs() -> None:
                         n_envs=1)
     assert env.num_envs == 1
     env.close()
+
+
+BENCHMARK_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("path", BENCHMARK_CONFIGS, ids=lambda path: path.name)
+def test_the_benchmarks_config_files_load(path: Path) -> None:
+    """Every entry of the config files the benchmarks pass to ``bench --config`` parses as a ScalablePPO config."""
+    entries = zoo.read_entries(path)
+    assert entries
+    for entry in entries:
+        env_id, variant = _split(entry)
+        assert zoo.load_config(path, env_id, variant).entry == entry
