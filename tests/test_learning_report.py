@@ -79,6 +79,8 @@ def test_report_separates_config_and_plugin_effects(tmp_path: Path) -> None:
     assert bench.command_line("cmd", args, report.load_results(tmp_path)) == (
         "cmd --tasks T --algos sb3_ppo sb3_ppo@cpu scalable_ppo@cpu --no-pairs --seeds 0 1 --budget 10 "
         "--eval-every 10000 --eval-episodes 5 --final-episodes 10 --baseline sb3_ppo --threshold-frac 0.9 --out o")
+    args = bench.build_parser().parse_args(["--config", "my.yml", "--tasks", "T", "--out", "o", "--report-only"])
+    assert bench.command_line("cmd", args, report.load_results(tmp_path)).startswith("cmd --config my.yml --tasks T ")
     longer = json.loads((runs / "T__scalable_ppo@cpu__seed0.json").read_text())
     longer.update(algo="scalable_ppo@long", budget=20, curve=[*longer["curve"], {**longer["curve"][-1], "steps": 20,
                                                                                   "return": 5000.0}])

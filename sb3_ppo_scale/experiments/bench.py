@@ -416,8 +416,9 @@ def _differs_from(run: dict[str, Any], args: argparse.Namespace, task: str, labe
 
 def command_line(command: str, args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     """The commands that rerun (resumably) the runs in ``results``, one per group of runs with the same budget and
-    evaluation settings (joined by ``; ``): their tasks, labels and seeds, and the report options of ``args``.
-    Evaluation settings come from the runs (:func:`evaluation_settings`), else from ``args``."""
+    evaluation settings (joined by ``; ``): their tasks, labels and seeds, the config file (``--config``, where one was
+    given) and the report options of ``args``. Evaluation settings come from the runs (:func:`evaluation_settings`),
+    else from ``args``."""
     groups: dict[tuple[int, int, int, int], list[dict[str, Any]]] = {}
     for run in results:
         groups.setdefault((run["budget"], *evaluation_settings(run, args)), []).append(run)
@@ -429,7 +430,8 @@ def command_line(command: str, args: argparse.Namespace, results: list[dict[str,
             return sorted({r[key] for r in runs}, key=lambda v: (label_order(v, args.baseline) if key == "algo" else v))
 
         commands.append(" ".join([
-            command, "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
+            command, *(["--config", str(args.config)] if args.config else []),
+            "--tasks", *(unique("task") or args.tasks), "--algos", *(unique("algo") or args.algos),
             "--no-pairs", "--seeds", *map(str, unique("seed") or args.seeds), "--budget", str(budget),
             "--eval-every", str(eval_every), "--eval-episodes", str(eval_episodes), "--final-episodes",
             str(final_episodes), "--baseline", args.baseline, "--threshold-frac", f"{args.threshold_frac:g}",
