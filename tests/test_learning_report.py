@@ -198,3 +198,15 @@ def test_improvement_over_every_config_of_the_extended_class(tmp_path: Path) -> 
     assert improvement.index("over sb3_ppo (") < improvement.index("over sb3_ppo@const (")  # the baseline first
     assert "- scalable_ppo@cpu over sb3_ppo@const (A-v0, B-v0; 3 against 1 seeds): 1.00 [1.00, 1.00]" in text
     assert "- scalable_ppo@gpu over sb3_ppo@const (A-v0; 3 against 1 seeds): 0.00 [0.00, 0.00]" in text
+
+
+def test_a_search_among_scalable_configs_gets_improvement_over_its_baseline(tmp_path: Path) -> None:
+    runs = _runs_folder(tmp_path)
+    for seed in (0, 1):
+        _run_file(runs, "scalable_ppo@a", seed, 1.0, 1000.0 + seed)
+        _run_file(runs, "scalable_ppo@b", seed, 1.0, 2000.0 + seed)
+    summary = report.summarise(report.load_results(tmp_path), 0.9, baseline="scalable_ppo@a")
+    text = report.write_markdown(summary, tmp_path, 0.9, "cmd").read_text()
+    assert "Probability of improvement over the baseline (scalable_ppo@a): P(a run of the label" in text
+    assert "- scalable_ppo@b over scalable_ppo@a (T; 2 against 2 seeds): 1.00 [1.00, 1.00]" in text
+    assert "over each config of the extended classes" not in text

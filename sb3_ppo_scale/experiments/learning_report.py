@@ -12,7 +12,8 @@ prints the same numbers):
   or else the best label's mean final return 1), IQM and mean with stratified bootstrap intervals for each label run
   on every task, and their performance profile as a PNG.
 - Probability of improvement of each Scalable label over each label of the classes they extend (the baseline first)
-  on the tasks both ran (raw final returns), and per task the strongest of those labels.
+  on the tasks both ran (raw final returns), and per task the strongest of those labels; in a search among Scalable
+  configs alone, of each label over the baseline label.
 - Curves per task (:mod:`sb3_ppo_scale.experiments.learning_curves`): the IQM over seeds at each evaluation with a
   bootstrap band, against env steps and against training wall-clock seconds (with the box's raw env step cost), and
   forward distance and episode length.
@@ -422,19 +423,33 @@ def _strongest_line(summary: dict[str, dict[str, Any]]) -> list[str]:
             "labels): " + "; ".join(cells) + "."]
 
 
+IMPROVEMENT_MEANING = ("P(a run of the label scores a higher final return than a run of the other label on the same "
+                       "task), averaged over the tasks both ran, with its 95% stratified bootstrap interval (0.5: no "
+                       "difference; seeds run on every one of those tasks):")
+
+
 def _improvement_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     """Probability of improvement of each Scalable label over each label of the extended classes, the baseline
-    first (none without a Scalable label)."""
+    first; where the report has no label of both kinds (a search among Scalable configs), of each label over the
+    baseline."""
     labels = [label for label in _labels(summary) if pair_of(label) is not None]
     references = _extended_class_labels(summary)
     if not labels or not references:
-        return []
+        return _improvement_over_baseline_lines(summary)
     return [*_strongest_line(summary),
             "", "Probability of improvement over each config of the extended classes (the baseline, "
-            f"{_baseline(summary)}, first): P(a run of the label scores a higher final return than a run of the other "
-            "label on the same task), averaged over the tasks both ran, with its 95% stratified bootstrap interval "
-            "(0.5: no difference; seeds run on every one of those tasks):", "",
+            f"{_baseline(summary)}, first): {IMPROVEMENT_MEANING}", "",
             *(_improvement_line(summary, label, reference) for reference in references for label in labels)]
+
+
+def _improvement_over_baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Probability of improvement of each label over the baseline label (none without another label)."""
+    baseline = _baseline(summary)
+    others = [label for label in _labels(summary) if label != baseline]
+    if not baseline or not others:
+        return []
+    return ["", f"Probability of improvement over the baseline ({baseline}): {IMPROVEMENT_MEANING}", "",
+            *(_improvement_line(summary, label, baseline) for label in others)]
 
 
 def _improvement_line(summary: dict[str, dict[str, Any]], label: str, baseline: str) -> str:
