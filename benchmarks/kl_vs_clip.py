@@ -8,8 +8,8 @@ paper does: random policy 0, best setting (mean over seeds) 1; then averaged ove
 
 The table's aggregate: mean and interquartile mean over (seed, task) with 95% stratified bootstrap intervals
 (rliable, via sb3_ppo_scale.experiments.intervals). ``--claims`` adds the source's two measurable claims on
-HalfCheetah-v5: data reuse (n_epochs 1 / 3 / 10 / 20) and PPO against vanilla policy gradient at equal wall clock;
-the report gives each a verdict.
+HalfCheetah-v5: data reuse (n_epochs 1 / 3 / 10 / 20) and PPO against vanilla policy gradient in equal time (CPU
+seconds of single-threaded runs); the report gives each a verdict.
 
 Runs are independent single-threaded processes cached as JSON under ``--out/runs`` (stop and resume at will).
 
@@ -56,7 +56,7 @@ BEYOND_THE_ISSUE = ("fixed KL beta=0.3", "fixed KL beta=10")
 #: the source's claims (issue item 4), run on one task with ``--claims``: setting -> (kwargs over PAPER, budget as
 #: a multiple of ``--steps``). 10 epochs is the table's "clip eps=0.2". The policy gradient gets more steps than
 #: PPO so that its runs last at least as long as PPO's 1M (one epoch costs far less); the report reads it at PPO's
-#: wall clock.
+#: CPU time (single-threaded runs: their CPU seconds are the time they computed, whatever else ran on the box).
 CLAIMS_TASK = "HalfCheetah-v5"
 REFERENCE, ONE_EPOCH, PG = "clip eps=0.2", "clip eps=0.2, 1 epoch", "policy gradient (1 epoch, no clipping)"
 CLAIM_SETTINGS: dict[str, tuple[dict[str, Any], int]] = {
@@ -81,7 +81,7 @@ CURVE_POINTS = 50
 def LearningCurve(window: int) -> Any:  # noqa: N802 - a callback class built where SB3 is imported
     """A callback recording ``[window end step, mean return, episodes, wall s, CPU s]`` for the training episodes
     that ended in each window of ``window`` env steps (``points``; seconds since ``learn()`` started, the process's
-    CPU seconds), for the report's curves and the equal-wall-clock comparison."""
+    CPU seconds), for the report's curves and the equal-time comparison."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Curve(BaseCallback):
@@ -255,9 +255,23 @@ def recent_return(points: list[list[float]], episodes: int = LAST_EPISODES) -> f
     return total / count if count else float("nan")
 
 
-def returns_at_seconds(run: dict[str, Any], seconds: float) -> float:
-    """:func:`recent_return` of the windows that ended within ``seconds`` of the run's wall clock."""
-    return recent_return([p for p in run["curve"] if p[3] <= seconds])
+#: a curve point's CPU seconds since ``learn()`` started (index 3 is the wall clock)
+CPU = 4
+
+
+def cpu_seconds(run: dict[str, Any]) -> float:
+    """The run's CPU seconds in ``learn()``: its last curve point's. A run is one thread, so this is the time it
+    computed, which a box shared with other runs, or a run paused and continued, does not change (its wall clock,
+    ``seconds``, does). ValueError for runs recorded before curves held CPU seconds."""
+    if not run["curve"] or len(run["curve"][-1]) <= CPU:
+        raise ValueError(f"run {run['task']} | {run['setting']} | seed {run['seed']} has no CPU seconds in its curve; "
+                         "delete its file from runs/ and run the same command again")
+    return float(run["curve"][-1][CPU])
+
+
+def returns_at_cpu_seconds(run: dict[str, Any], seconds: float) -> float:
+    """:func:`recent_return` of the windows that ended within ``seconds`` of the run's CPU time."""
+    return recent_return([p for p in run["curve"] if p[CPU] <= seconds])
 
 
 def score_curve(run: dict[str, Any], grid: np.ndarray) -> np.ndarray:
@@ -326,19 +340,21 @@ def claim_lines(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def pg_lines(ppo: list[dict[str, Any]], pg: list[dict[str, Any]]) -> list[str]:
-    """PPO (clip 0.2, 10 epochs) at its full budget against policy gradient at the same wall clock."""
+    """PPO (clip 0.2, 10 epochs) at its full budget against policy gradient at the same time: CPU seconds of
+    single-threaded runs (:func:`cpu_seconds`)."""
     from sb3_ppo_scale.experiments import intervals
 
     if not pg:
         return []
-    seconds = float(np.median([r["seconds"] for r in ppo]))
-    ppo_scores, pg_scores = [score(r) for r in ppo], [returns_at_seconds(r, seconds) for r in pg]
+    seconds = float(np.median([cpu_seconds(r) for r in ppo]))
+    ppo_scores, pg_scores = [score(r) for r in ppo], [returns_at_cpu_seconds(r, seconds) for r in pg]
     ppo_mean, pg_mean = intervals.mean(ppo_scores), intervals.mean(pg_scores)
-    pg_steps = [max((p[0] for p in r["curve"] if p[3] <= seconds), default=0) for r in pg]
+    pg_steps = [max((p[0] for p in r["curve"] if p[CPU] <= seconds), default=0) for r in pg]
     lines = [f"**PPO against vanilla policy gradient in the same time (\"2.3x the final return\")**: PPO's score after "
-             f"{ppo[0]['steps']:,} steps ({seconds:.0f} s wall, median of its runs; one thread a run, both settings from the same command on the same box) "
+             f"{ppo[0]['steps']:,} steps ({seconds:.0f} CPU s, median of its runs; one thread a run, both settings from "
+             "the same command on the same box; CPU time, which other runs on the box do not change) "
              f"against the policy-gradient setting's ({PG}) last {LAST_EPISODES} training episodes before the same "
-             f"wall clock ({np.mean(pg_steps):,.0f} env steps on average).", "",
+             f"CPU time ({np.mean(pg_steps):,.0f} env steps on average).", "",
              f"- PPO {ppo_mean.text()}; policy gradient {pg_mean.text()}."]
     if pg_mean.point <= 0:  # no ratio: compare the intervals
         apart = ppo_mean.low > pg_mean.high or ppo_mean.high < pg_mean.low

@@ -189,30 +189,36 @@ def _kl_vs_clip() -> Any:
     return kl_vs_clip
 
 
-def _claim_run(setting: str, seed: int, final: float, rise_at: int, steps: int = 100_000, seconds: float = 100.0) -> dict:
+def _claim_run(setting: str, seed: int, final: float, rise_at: int, steps: int = 100_000, seconds: float = 100.0,
+               wall_factor: float = 1.0) -> dict:
     """A HalfCheetah-v5 run whose windows (10 000 steps, 10 episodes each) return 0 before ``rise_at`` and
-    ``final`` from there on, ``seconds`` of wall clock spread evenly."""
-    curve = [[s, final if s >= rise_at else 0.0, 10, seconds * s / steps, seconds * s / steps]
+    ``final`` from there on, ``seconds`` of CPU time spread evenly, and ``wall_factor`` times that of wall clock."""
+    wall = wall_factor * seconds
+    curve = [[s, final if s >= rise_at else 0.0, 10, wall * s / steps, seconds * s / steps]
              for s in range(10_000, steps + 1, 10_000)]
-    return dict(task="HalfCheetah-v5", setting=setting, seed=seed, steps=steps, seconds=seconds,
+    return dict(task="HalfCheetah-v5", setting=setting, seed=seed, steps=steps, seconds=wall,
                 last_returns=[final] * 100, curve=curve)
 
 
-def test_kl_vs_clip_claims_reuse_and_equal_wall_clock_verdicts() -> None:
+def test_kl_vs_clip_claims_reuse_and_equal_time_verdicts() -> None:
     k = _kl_vs_clip()
     runs = []
     for seed, jitter in enumerate((-10.0, 0.0, 10.0)):
         runs += [_claim_run(k.ONE_EPOCH, seed, 1000 + jitter, rise_at=100_000),  # reaches 1000 only at the end
-                 _claim_run(k.REFERENCE, seed, 3000 + jitter, rise_at=10_000),  # 10 epochs: from the first window
+                 # 10 epochs: from the first window; on a busy box (wall clock 3x its CPU time, which counts)
+                 _claim_run(k.REFERENCE, seed, 3000 + jitter, rise_at=10_000, wall_factor=3.0),
                  # policy gradient: 3x the steps in 3x the time, 1500 until PPO's 100 s, then 9000 (too late to count)
                  _claim_run(k.PG, seed, 1500 + jitter, rise_at=10_000, steps=300_000, seconds=300.0)]
-        runs[-1]["curve"] = [p if p[3] <= 100.0 else [*p[:1], 9000.0, *p[2:]] for p in runs[-1]["curve"]]
+        runs[-1]["curve"] = [p if p[4] <= 100.0 else [*p[:1], 9000.0, *p[2:]] for p in runs[-1]["curve"]]
     text = "\n".join(k.claim_lines(runs))
     assert "| 1 | 1000 [990, 1010] | 100,000 | 1.0 [1.0, 1.0] |" in text
     assert "| 10 | 3000 [2990, 3010] | 10,000 | 10.0 [10.0, 10.0] |" in text
     assert "Verdict: **holds** at the best epoch count" in text
     assert "policy gradient 1500 [1490, 1510]" in text and "(100,000 env steps on average)" in text
     assert "verdict: **does not hold (below 2.3x)**" in text  # 3000 / 1500 = 2.0
+    without_cpu = [dict(run, curve=[p[:4] for p in run["curve"]]) for run in runs]  # recorded before CPU seconds
+    with pytest.raises(ValueError, match="has no CPU seconds in its curve; delete its file"):
+        k.claim_lines(without_cpu)
 
 
 def test_kl_vs_clip_verdicts() -> None:
