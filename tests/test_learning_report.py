@@ -210,3 +210,18 @@ def test_a_search_among_scalable_configs_gets_improvement_over_its_baseline(tmp_
     assert "Probability of improvement over the baseline (scalable_ppo@a): P(a run of the label" in text
     assert "- scalable_ppo@b over scalable_ppo@a (T; 2 against 2 seeds): 1.00 [1.00, 1.00]" in text
     assert "over each config of the extended classes" not in text
+
+
+def test_each_curve_is_placed_against_the_baselines_band(tmp_path: Path) -> None:
+    runs = _runs_folder(tmp_path)
+    for seed in (0, 1):
+        _run_file(runs, "sb3_ppo", seed, 1.0, 1000.0 + seed)
+        _run_file(runs, "scalable_ppo@cpu", seed, 1.0, 2000.0 + seed)  # from 0 like the baseline, then above it
+        _run_file(runs, "scalable_ppo@gpu", seed, 1.0, 1000.5)
+    text = report.write_markdown(report.summarise(report.load_results(tmp_path), 0.9), tmp_path, 0.9, "cmd").read_text()
+    assert "; IQM return curve inside sb3_ppo's 95% band at 1 of 2 evaluations (above it at 10 steps)" in text
+    assert "; IQM return curve inside sb3_ppo's 95% band at 2 of 2 evaluations\n" in text  # scalable_ppo@gpu
+    loaded = report.load_results(tmp_path)
+    other_steps = [dict(r, curve=[dict(p, steps=p["steps"] + 1) for p in r["curve"]]) for r in loaded
+                   if r["algo"] == "scalable_ppo@cpu"]
+    assert curves.curve_against_band(other_steps, [r for r in loaded if r["algo"] == "sb3_ppo"]) is None

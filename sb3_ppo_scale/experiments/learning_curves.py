@@ -32,21 +32,47 @@ CURVE_PANELS = (("steps", "return", "env steps", "evaluation return"),
                 ("steps", "length", "env steps", "episode length (steps)"))
 
 
+def _common_evaluations(runs: list[Run]) -> int:
+    """How many evaluations every run has (the first ones)."""
+    return min(len(r["curve"]) for r in runs)
+
+
+def _iqm_band(runs: list[Run], key: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(iqm, low, high)`` over the runs of ``key`` at their first ``n`` evaluations (:func:`intervals.iqm_curve`);
+    None where some run did not record it."""
+    values = [[p.get(key) for p in r["curve"][:n]] for r in runs]
+    if any(v is None for row in values for v in row):
+        return None
+    return intervals.iqm_curve(values)
+
+
 def _plot_label(axes: Any, runs: list[Run], label: str, color: Any) -> None:
     """One label's lines in every panel: the IQM over seeds at each evaluation (the first evaluations every seed
     has), its bootstrap band, at the seeds' mean x; a panel whose value some run did not record stays empty."""
-    n = min(len(r["curve"]) for r in runs)
-    bands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    n = _common_evaluations(runs)
+    bands: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
     for ax, (x_key, y_key, _, _) in zip(axes, CURVE_PANELS):
-        values = [[p.get(y_key) for p in r["curve"][:n]] for r in runs]
-        if any(v is None for row in values for v in row):
-            continue
         if y_key not in bands:
-            bands[y_key] = intervals.iqm_curve(values)
+            bands[y_key] = _iqm_band(runs, y_key, n)
+        if bands[y_key] is None:
+            continue
         iqm, low, high = bands[y_key]
         x = np.mean([[p[x_key] for p in r["curve"][:n]] for r in runs], axis=0)
         ax.plot(x, iqm, color=color, label=f"{label} ({len(runs)} seeds)")
         ax.fill_between(x, low, high, color=color, alpha=0.15)
+
+
+def curve_against_band(runs: list[Run], baseline_runs: list[Run]) -> tuple[int, list[int], list[int]] | None:
+    """Where the IQM return curve of ``runs`` lies against the 95% band of ``baseline_runs``' at the evaluations
+    both have: ``(evaluations compared, env steps where below the band, env steps where above it)``; None where the
+    two evaluate at different env steps."""
+    n = min(_common_evaluations(runs), _common_evaluations(baseline_runs))
+    steps = {tuple(p["steps"] for p in r["curve"][:n]) for r in runs + baseline_runs}
+    if len(steps) != 1:
+        return None
+    at = steps.pop()
+    ours, (_, low, high) = _iqm_band(runs, "return", n)[0], _iqm_band(baseline_runs, "return", n)
+    return (n, [s for s, v, lo in zip(at, ours, low) if v < lo], [s for s, v, hi in zip(at, ours, high) if v > hi])
 
 
 def step_cost_title(results: list[Run], task: str) -> str:

@@ -33,7 +33,7 @@ from sb3_ppo_scale.experiments import intervals
 from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, BASELINES, label_order, pair_of, parsed_or_unknown,
                                                   register_envs)
 from sb3_ppo_scale.experiments.intervals import Estimate
-from sb3_ppo_scale.experiments.learning_curves import env_step_us, plot_curves
+from sb3_ppo_scale.experiments.learning_curves import curve_against_band, env_step_us, plot_curves
 
 Run = dict[str, Any]
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
@@ -200,8 +200,21 @@ def _baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
                 + _final_return_against(data['algos'][algo]['final_return']['mean'].point,
                                         data['algos'][baseline]['final_return']['mean'].point, baseline)
                 + _at_baseline_budget(data, algo)
+                + _against_band(data, algo, baseline)
             )
     return lines
+
+
+def _against_band(data: dict[str, Any], algo: str, baseline: str) -> str:
+    """Where ``algo``'s IQM return curve lies against the baseline's 95% band (:func:`curve_against_band`)."""
+    placed = curve_against_band(data["runs"][algo], data["runs"][baseline])
+    if placed is None:
+        return "; return curves evaluated at other env steps than the baseline's"
+    n, below, above = placed
+    where = "; ".join(f"{side} it at {', '.join(f'{s:,}' for s in steps)} steps"
+                      for side, steps in (("below", below), ("above", above)) if steps)
+    return (f"; IQM return curve inside {baseline}'s 95% band at {n - len(below) - len(above)} of {n} evaluations"
+            + (f" ({where})" if where else ""))
 
 
 def _final_return_against(ours: float, theirs: float, baseline: str) -> str:
