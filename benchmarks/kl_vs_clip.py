@@ -206,7 +206,7 @@ def normalisation(runs: list[dict[str, Any]], tasks: list[str],
 
 def table_lines(runs: list[dict[str, Any]], zero_of: Callable[[str], float]) -> tuple[list[str], dict[str, np.ndarray]]:
     """The normalised-score table (mean over tasks and seeds with a stratified bootstrap interval, IQM, the
-    paper's number, each task's mean) and the normalised ``(seeds, tasks)`` scores per setting for the plot."""
+    paper's number, each task's mean with its bootstrap interval) and the normalised ``(seeds, tasks)`` scores per setting for the plot."""
     from sb3_ppo_scale.experiments import intervals
 
     tasks = sorted({r["task"] for r in runs if r["setting"] in SETTINGS})
@@ -220,7 +220,7 @@ def table_lines(runs: list[dict[str, Any]], zero_of: Callable[[str], float]) -> 
             continue
         scores[setting] = intervals.normalised(matrix, zeros, ones)
         estimate = intervals.aggregates(scores[setting])
-        cells = " | ".join(f"{v:.2f}" for v in scores[setting].mean(axis=0))
+        cells = " | ".join(intervals.mean(column).text(2) for column in scores[setting].T)
         lines.append(f"| {setting} | {estimate['mean'].text(2)} | {estimate['iqm'].text(2)} | {len(seeds)} x "
                      f"{len(kept)} | {'not in the paper' if np.isnan(paper) else f'{paper:.2f}'} | {cells} |")
     left_out = sorted(set(tasks) - set(kept))
@@ -387,7 +387,8 @@ def report(args: argparse.Namespace) -> None:
              "Normalised per task as the paper does: a random policy at 0, the best of the paper's settings (mean "
              "over its seeds) at 1. Ours: the mean (the paper's aggregate) and the interquartile mean over every "
              "(seed, task) of the setting, with 95% stratified bootstrap intervals (rliable: seeds resampled within "
-             "tasks; the normalisation held fixed); a setting counts only the seeds it has on every task.", "",
+             "tasks; the normalisation held fixed); a setting counts only the seeds it has on every task. Each "
+             "task's column: the mean over its seeds with a 95% bootstrap interval.", "",
              *table, "", "Raw scores (mean over seeds of the last-100-episode mean return; seeds in brackets):", "",
              *raw_lines(table_runs), "",
              "Random-policy scores (20 episodes): " + ", ".join(f"{t} {random_score(t):.1f}" for t in tasks), ""]
@@ -422,7 +423,7 @@ def plot(normalised: dict[str, np.ndarray], path: Path, early: bool) -> None:
     ax.set_xlabel("normalised score (random = 0, best setting = 1), mean over tasks and seeds")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -457,7 +458,7 @@ def plot_curves(runs: list[dict[str, Any]], path: Path) -> None:
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
