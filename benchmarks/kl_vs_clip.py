@@ -206,7 +206,8 @@ def normalisation(runs: list[dict[str, Any]], tasks: list[str],
 
 def table_lines(runs: list[dict[str, Any]], zero_of: Callable[[str], float]) -> tuple[list[str], dict[str, np.ndarray]]:
     """The normalised-score table (mean over tasks and seeds with a stratified bootstrap interval, IQM, the
-    paper's number, each task's mean with its bootstrap interval) and the normalised ``(seeds, tasks)`` scores per setting for the plot."""
+    paper's number, each task's mean with its bootstrap interval) and the normalised ``(seeds, tasks)`` scores per
+    setting for the plot."""
     from sb3_ppo_scale.experiments import intervals
 
     tasks = sorted({r["task"] for r in runs if r["setting"] in SETTINGS})
