@@ -18,7 +18,7 @@
 # Cost on the 2-core box (one core per run, two runs at once): the recipes ~20 min per 5M Hopper steps, ~16 min per
 # 5M HalfCheetah steps, ~70 min per 10M Ant steps and ~2 h per 10M Humanoid steps (training and evaluations); SB3's
 # PPO at its plain entries ~770 steps/s on HalfCheetah-v5 (rl_zoo3's entry: 1 env, 20 epochs of minibatch 64), so
-# ~1.8 h per 5M, and ~1050 steps/s on Ant-v5, ~2.6 h per 10M (Humanoid-v5 not timed yet). Runs already in $OUT/runs are kept (see $OUT/README.md
+# ~1.8 h per 5M, and ~1050 steps/s on Ant-v5, ~2.6 h per 10M, and ~590 steps/s on Humanoid-v5, ~4.7 h per 10M. Runs already in $OUT/runs are kept (see $OUT/README.md
 # for those taken over from the recipe search).
 set -euo pipefail
 
