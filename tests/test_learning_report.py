@@ -41,6 +41,23 @@ def test_threshold_floor_lies_above_the_hopper_plateau() -> None:
     assert report.task_threshold("Hopper-v5", [], 0.9) == 1500.0
     assert np.isnan(report.task_threshold("T", [], 0.9))
     assert report.task_threshold("T", standing, 0.5) == 500.0
+    # Ant-v5 earns ~1000 standing still, Humanoid-v5 ~5000: a collapsed baseline does not set the bar at its return
+    assert report.task_threshold("Ant-v5", [{"final_return": -2.0}], 0.9) == 1500.0
+    assert report.task_threshold("Humanoid-v5", [{"final_return": 5000.0}], 0.9) == 6000.0
+
+
+def test_a_baseline_that_never_reaches_the_threshold_gives_a_lower_bound(tmp_path: Path) -> None:
+    runs = _runs_folder(tmp_path)
+    for seed in (0, 1):
+        _run_file(runs, "sb3_ppo", seed, 4.0, 1000.0 * seed)  # seed 1 reaches 900 after 16 s, seed 0 never
+        _run_file(runs, "scalable_ppo@cpu", seed, 1.0, 2000.0)  # reaches it after 4 s
+    summary = report.summarise(report.load_results(tmp_path), 0.9 / 0.5)  # threshold 0.9 / 0.5 x 500 = 900
+    text = "\n".join(report._baseline_lines(summary))
+    assert ("- T, scalable_ppo@cpu: time to threshold >= 4.00x (sb3_ppo reached it on 1 of 2 seeds; a seed that "
+            "never did counts its whole training time)") in text
+    assert "| 900 | reached on 1 of 2 seeds |" in "\n".join(report.time_table(summary))
+    header = "\n".join(report._header(summary, 0.9, "cmd", "box"))
+    assert "the task's floor above known plateaus: none for these tasks)" in header
 
 
 def test_late_return_and_return_at_a_budget() -> None:

@@ -34,8 +34,8 @@ Protocol (docs/benchmarks.md states it in full):
   checkpoints excluded). The final evaluation (``--final-episodes`` episodes) follows the last update. Evaluation
   runs on Gymnasium's envs in one process, also for entries with ``vec_env: envpool`` / ``scale``.
 - Threshold per task: ``max(--threshold-frac x the baseline label's mean final return, floor)``, with the floors
-  of ``learning_report.THRESHOLD_FLOORS`` set above known plateaus (Hopper-v5: 1500, which a policy standing still
-  cannot reach). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
+  of ``learning_report.THRESHOLD_FLOORS`` set above what standing still earns (Hopper-v5 and Ant-v5: 1500,
+  Humanoid-v5: 6000). Steps / seconds / CPU seconds to threshold: at the first evaluation whose mean return reaches it.
 - Reported (rliable, 95% stratified bootstrap intervals): per task and label, IQM and mean over seeds of the returns
   and forward distance, mean of times and steps/s; over tasks, IQM and mean of normalised final returns (random
   policy 0, a reference return 1), the probability of improvement of each Scalable label over each label of the

@@ -292,9 +292,9 @@ def too_small(result: StudyResult) -> str | None:
 
 def plateau(result: StudyResult) -> str | None:
     """Why the best trials have not learned the task, or None: for an env with a known plateau (the learning
-    benchmark's floors, ``THRESHOLD_FLOORS``: Hopper-v5 1500, above what standing still earns), when the median
-    last evaluation (mean over seeds) of the best 10% of sampled trials is below the floor. None for other envs or
-    without stored curves."""
+    benchmark's floors, ``THRESHOLD_FLOORS``: Hopper-v5 and Ant-v5 1500, Humanoid-v5 6000, above what standing
+    still earns), when the median last evaluation (mean over seeds) of the best 10% of sampled trials is below the
+    floor. None for other envs or without stored curves."""
     from sb3_ppo_scale.experiments.learning_report import THRESHOLD_FLOORS
 
     floor = THRESHOLD_FLOORS.get(result.env_id)
