@@ -191,8 +191,10 @@ def _time_to_threshold_ratio(data: dict[str, Any], algo: str) -> str:
     if stats["reached"] < len(stats["seeds"]):
         return "n/a (not reached on every seed)"
     ours = stats["time_to_threshold"]["mean"].point
+    if ours <= 0:
+        return "n/a (reached at the first evaluation, before any training)"
     if baseline["reached"] == len(baseline["seeds"]):
-        return f"{baseline['time_to_threshold']['mean'].point / ours:.2f}x"
+        return f"{_ratio(data, 'time_to_threshold', algo):.2f}x"
     runs = data["runs"][data["baseline"]]
     censored = [min(time_to_threshold(r["curve"], data["threshold"]), r["train_s"]) for r in runs]
     return (f">= {float(np.mean(censored)) / ours:.2f}x ({data['baseline']} reached it on {baseline['reached']} of "
