@@ -56,7 +56,8 @@ def test_every_run_once_in_its_own_process_longest_first_then_the_report(tmp_pat
     runs, report = calls[:-1], calls[-1]
     expected = {(task, algo, seed, budget)
                 for task, budget in (("Hopper-v5", "5000000"), ("Ant-v5", "10000000"))
-                for algo, seeds in (("sb3_ppo@plain", "012"), ("scalable_ppo@recipe", "012"), ("sb3_ppo@recipe_const", "0"))
+                for algo, seeds in (("sb3_ppo@plain", "012"), ("scalable_ppo@recipe", "012"),
+                                    ("sb3_ppo@recipe_const", "012" if task == "Ant-v5" else "0"))
                 for seed in seeds}
     assert sorted(map(_run_key, runs)) == sorted(expected)  # each exactly once
     assert all("--workers 1" in call for call in runs)

@@ -155,6 +155,7 @@ def test_over_tasks_improvement_and_pngs(tmp_path: Path) -> None:
     assert "| scalable_ppo@gpu |" not in text.split("## Over tasks")[1].split("Probability")[0]
     assert "- scalable_ppo@cpu over sb3_ppo (A-v0, B-v0; 3 against 3 seeds): 1.00 [1.00, 1.00]" in text
     assert "- scalable_ppo@gpu over sb3_ppo (A-v0; 3 against 3 seeds): 0.00 [0.00, 0.00]" in text
+    assert "over the strongest config per task" not in text  # sb3_ppo on both tasks: the lines above say it
     over = report.over_tasks(report.summarise(report.load_results(out), 0.9), lambda task: 0.0)
     assert over.tasks == ["A-v0", "B-v0"] and sorted(over.scores) == ["sb3_ppo", "scalable_ppo@cpu"]
     np.testing.assert_allclose(over.scores["sb3_ppo"], np.array([[100.0, 100.0], [101.0, 101.0], [102.0, 102.0]]) / 201)
@@ -215,6 +216,11 @@ def test_improvement_over_every_config_of_the_extended_class(tmp_path: Path) -> 
     assert improvement.index("over sb3_ppo (") < improvement.index("over sb3_ppo@const (")  # the baseline first
     assert "- scalable_ppo@cpu over sb3_ppo@const (A-v0, B-v0; 3 against 1 seeds): 1.00 [1.00, 1.00]" in text
     assert "- scalable_ppo@gpu over sb3_ppo@const (A-v0; 3 against 1 seeds): 0.00 [0.00, 0.00]" in text
+    # against each task's strongest config at once: sb3_ppo@const's seed 0 on A-v0, sb3_ppo's seed 0 on B-v0
+    assert ("- scalable_ppo@cpu over the strongest config per task (A-v0 sb3_ppo@const, B-v0 sb3_ppo; 3 against 1 "
+            "seeds): 1.00 [1.00, 1.00]") in text
+    assert ("- scalable_ppo@gpu over the strongest config per task (A-v0 sb3_ppo@const; 3 against 1 seeds): "
+            "0.00 [0.00, 0.00]") in text
 
 
 def test_a_search_among_scalable_configs_gets_improvement_over_its_baseline(tmp_path: Path) -> None:

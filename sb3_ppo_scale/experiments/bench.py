@@ -39,9 +39,9 @@ Protocol (docs/benchmarks.md states it in full):
 - Reported (rliable, 95% stratified bootstrap intervals): per task and label, IQM and mean over seeds of the returns
   and forward distance, mean of times and steps/s; over tasks, IQM and mean of normalised final returns (random
   policy 0, a reference return 1), the probability of improvement of each Scalable label over each label of the
-  classes they extend (the baseline first; per task the strongest of them named), a performance profile PNG, and
-  per task the curves (IQM and band) against env steps and wall-clock seconds, and for each label the evaluations
-  where its IQM return curve leaves the baseline's band.
+  classes they extend (the baseline first; per task the strongest of them named, and over those at once), a
+  performance profile PNG, and per task the curves (IQM and band) against env steps and wall-clock seconds, and for
+  each label the evaluations where its IQM return curve leaves the baseline's band.
 
     sb3-ppo-scale bench --tasks Hopper-v5 --algos sb3_ppo scalable_ppo@cpu --budget 300000 --seeds 0 1 2
     python -m sb3_ppo_scale.experiments.bench --tasks Hopper-v5 --budget 20000 --seeds 0   # the same module

@@ -12,8 +12,9 @@ prints the same numbers):
   or else the best label's mean final return 1), IQM and mean with stratified bootstrap intervals for each label run
   on every task, and their performance profile as a PNG.
 - Probability of improvement of each Scalable label over each label of the classes they extend (the baseline first)
-  on the tasks both ran (raw final returns), and per task the strongest of those labels; in a search among Scalable
-  configs alone, of each label over the baseline label.
+  on the tasks both ran (raw final returns), and per task the strongest of those labels (and, where that is not one
+  label on every task, over each task's strongest at once); in a search among Scalable configs alone, of each label
+  over the baseline label.
 - Curves per task (:mod:`sb3_ppo_scale.experiments.learning_curves`): the IQM over seeds at each evaluation with a
   bootstrap band, against env steps and against training wall-clock seconds (with the box's raw env step cost), and
   forward distance and episode length.
@@ -341,9 +342,17 @@ def _common_seeds(summary: dict[str, dict[str, Any]], tasks: list[str], label: s
 
 def _final_returns(summary: dict[str, dict[str, Any]], tasks: list[str], label: str) -> np.ndarray:
     """``(seeds, tasks)`` final returns of ``label``, over the seeds it ran on every task."""
-    by_seed = [{r["seed"]: r["final_return"] for r in summary[task]["runs"][label]} for task in tasks]
-    return np.array([[runs[seed] for runs in by_seed] for seed in _common_seeds(summary, tasks, label)],
-                    dtype=float).reshape(-1, len(tasks))
+    return _final_returns_of(summary, {task: label for task in tasks})
+
+
+def _final_returns_of(summary: dict[str, dict[str, Any]], label_per_task: dict[str, str]) -> np.ndarray:
+    """``(seeds, tasks)`` final returns of each task's label in ``label_per_task``, over the seeds each of those
+    labels ran on its task (the seeds common to all of them)."""
+    by_seed = [{r["seed"]: r["final_return"] for r in summary[task]["runs"][label]}
+               for task, label in label_per_task.items()]
+    seeds = sorted(set.intersection(*(set(runs) for runs in by_seed))) if by_seed else []
+    return np.array([[runs[seed] for runs in by_seed] for seed in seeds],
+                    dtype=float).reshape(-1, len(label_per_task))
 
 
 @dataclass(frozen=True)
@@ -471,7 +480,32 @@ def _improvement_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     return [*_strongest_line(summary),
             "", "Probability of improvement over each config of the extended classes (the baseline, "
             f"{_baseline(summary)}, first): {IMPROVEMENT_MEANING}", "",
-            *(_improvement_line(summary, label, reference) for reference in references for label in labels)]
+            *(_improvement_line(summary, label, reference) for reference in references for label in labels),
+            *_improvement_over_strongest_lines(summary, labels)]
+
+
+def _improvement_over_strongest_lines(summary: dict[str, dict[str, Any]], labels: list[str]) -> list[str]:
+    """Each of ``labels`` over the strongest config of the extended classes on each task it ran (where those are
+    not one label on every task, so the lines above do not already say it)."""
+    strongest = {task: label for task, data in summary.items() if (label := strongest_extended_label(data))}
+    if len(set(strongest.values())) < 2:
+        return []
+    return [_improvement_over_strongest_line(summary, label, strongest) for label in labels]
+
+
+def _improvement_over_strongest_line(summary: dict[str, dict[str, Any]], label: str,
+                                     strongest: dict[str, str]) -> str:
+    """``label`` over the task's strongest label of the extended classes (``strongest``: task -> label) on the
+    tasks ``label`` ran."""
+    tasks = [task for task in strongest if label in summary[task]["runs"]]
+    theirs = _final_returns_of(summary, {task: strongest[task] for task in tasks})
+    ours = _final_returns(summary, tasks, label)
+    names = ", ".join(f"{task} {strongest[task]}" for task in tasks)
+    if ours.size == 0 or theirs.size == 0:
+        return f"- {label} over the strongest config per task ({names}): n/a (no seed common to those runs)"
+    p = intervals.probability_of_improvement(ours, theirs)
+    return (f"- {label} over the strongest config per task ({names}; {ours.shape[0]} against {theirs.shape[0]} "
+            f"seeds): {p.text(2)}")
 
 
 def _improvement_over_baseline_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
