@@ -183,7 +183,10 @@ def test_box_line_and_env_step_cost() -> None:
     runs = [{"task": "T", "box": {"cores": 2, "workers": 2, "load_avg_1min": load, "env_step_us": us}}
             for load, us in ((2.1, 10.0), (2.4, 30.0))] + [{"task": "T"}]
     line = report.box_line(runs)
-    assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us" in line
+    assert "2 at a time on a 2-core box" in line and "2.1-2.4" in line and "T 20 us (from 10 to 30 us" in line
+    assert "differ by up to 3.0x from the box alone" in line
+    close = [{"task": "T", "box": {**runs[0]["box"], "env_step_us": us}} for us in (18.0, 22.0)]
+    assert "T 20 us." in report.box_line(close)  # boxes within 1.5x: no range
     assert "1 older runs did not record it" in line
     assert curves.env_step_us(runs, "T") == 20.0 and curves.env_step_us(runs, "U") is None
     assert curves.step_cost_title(runs, "T").startswith("raw env step: 20 us (gym.make")

@@ -20,9 +20,15 @@ Run = dict[str, Any]
 def env_step_us(results: list[Run], task: str) -> float | None:
     """The task's raw env step cost in microseconds, as its runs recorded it (``box.env_step_us``, median over
     runs); None where no run recorded it."""
-    recorded = [r["box"]["env_step_us"] for r in results
-                if r["task"] == task and r.get("box", {}).get("env_step_us") is not None]
+    recorded = recorded_env_step_us(results, task)
     return float(np.median(recorded)) if recorded else None
+
+
+def recorded_env_step_us(results: list[Run], task: str) -> list[float]:
+    """The raw env step costs in microseconds the task's runs recorded, one per run that did (the box it started
+    on)."""
+    return [r["box"]["env_step_us"] for r in results
+            if r["task"] == task and r.get("box", {}).get("env_step_us") is not None]
 
 
 #: the panels of a task's curves: (x key, y key, x label, y label); x "train_s" is the wall-clock panel

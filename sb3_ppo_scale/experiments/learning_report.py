@@ -34,7 +34,8 @@ from sb3_ppo_scale.experiments import intervals
 from sb3_ppo_scale.experiments.algorithms import (ALGO_CLASSES, BASELINES, label_order, pair_of, parsed_or_unknown,
                                                   register_envs)
 from sb3_ppo_scale.experiments.intervals import Estimate
-from sb3_ppo_scale.experiments.learning_curves import curve_against_band, env_step_us, plot_curves
+from sb3_ppo_scale.experiments.learning_curves import (curve_against_band, env_step_us, plot_curves,
+                                                       recorded_env_step_us)
 
 Run = dict[str, Any]
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
@@ -549,7 +550,7 @@ def box_line(results: list[Run]) -> str:
         return "Each run: one process, `torch.set_num_threads(1)`; the box's load was not recorded for these runs."
     loads = [b["load_avg_1min"] for b in boxes]
     tasks = sorted({r["task"] for r in results})
-    step_text = "; ".join(f"{task} {us:.0f} us" for task in tasks if (us := env_step_us(results, task)) is not None)
+    step_text = "; ".join(_step_cost_text(results, task) for task in tasks if env_step_us(results, task) is not None)
     days = sorted({b["date"] for b in boxes if "date" in b})
     started = f"Runs started {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "") + ". " if days else ""
     workers = max(b["workers"] for b in boxes)
@@ -557,6 +558,22 @@ def box_line(results: list[Run]) -> str:
             f"a {boxes[0]['cores']}-core box; 1-minute load average as runs started: {min(loads):.1f}-{max(loads):.1f} "
             f"(a load near the runs at a time: nothing else ran)" + (f"; {older} older runs did not record it" if older
             else "") + f". Raw env step (gym.make, one env, random actions; median over runs): {step_text or 'n/a'}.")
+
+
+#: raw env step costs further apart than this factor make the report say that its runs' boxes differ
+BOX_SPREAD_NOTED = 1.5
+
+
+def _step_cost_text(results: list[Run], task: str) -> str:
+    """The task's median raw env step cost, and its range where the runs' boxes differ by more than
+    :data:`BOX_SPREAD_NOTED` (their wall-clock figures then differ by the box as well as by the config)."""
+    recorded = recorded_env_step_us(results, task)
+    low, high = min(recorded), max(recorded)
+    text = f"{task} {env_step_us(results, task):.0f} us"
+    if high > BOX_SPREAD_NOTED * low:
+        text += (f" (from {low:.0f} to {high:.0f} us on its runs' boxes: wall-clock figures of runs on different "
+                 f"boxes differ by up to {high / low:.1f}x from the box alone, so compare env steps there)")
+    return text
 
 
 def _header(summary: dict[str, dict[str, Any]], threshold_frac: float, command: str, box: str) -> list[str]:
