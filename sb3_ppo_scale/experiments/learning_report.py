@@ -335,12 +335,6 @@ def normalisation(task: str, algos: dict[str, Any], random_return: Callable[[str
     return Normalisation(zero, one, source)
 
 
-def _common_seeds(summary: dict[str, dict[str, Any]], tasks: list[str], label: str) -> list[int]:
-    """The seeds ``label`` ran on every one of ``tasks``."""
-    seed_sets = [{r["seed"] for r in summary[task]["runs"].get(label, [])} for task in tasks]
-    return sorted(set.intersection(*seed_sets)) if seed_sets else []
-
-
 def _final_returns(summary: dict[str, dict[str, Any]], tasks: list[str], label: str) -> np.ndarray:
     """``(seeds, tasks)`` final returns of ``label``, over the seeds it ran on every task."""
     return _final_returns_of(summary, {task: label for task in tasks})
@@ -550,7 +544,7 @@ def box_line(results: list[Run]) -> str:
         return "Each run: one process, `torch.set_num_threads(1)`; the box's load was not recorded for these runs."
     loads = [b["load_avg_1min"] for b in boxes]
     tasks = sorted({r["task"] for r in results})
-    step_text = "; ".join(_step_cost_text(results, task) for task in tasks if env_step_us(results, task) is not None)
+    step_text = "; ".join(text for task in tasks if (text := _step_cost_text(results, task)))
     days = sorted({b["date"] for b in boxes if "date" in b})
     started = f"Runs started {days[0]}" + (f" to {days[-1]}" if len(days) > 1 else "") + ". " if days else ""
     workers = max(b["workers"] for b in boxes)
@@ -566,8 +560,11 @@ BOX_SPREAD_NOTED = 1.5
 
 def _step_cost_text(results: list[Run], task: str) -> str:
     """The task's median raw env step cost, and its range where the runs' boxes differ by more than
-    :data:`BOX_SPREAD_NOTED` (their wall-clock figures then differ by the box as well as by the config)."""
+    :data:`BOX_SPREAD_NOTED` (their wall-clock figures then differ by the box as well as by the config); "" where
+    no run of the task recorded it."""
     recorded = recorded_env_step_us(results, task)
+    if not recorded:
+        return ""
     low, high = min(recorded), max(recorded)
     text = f"{task} {env_step_us(results, task):.0f} us"
     if high > BOX_SPREAD_NOTED * low:
