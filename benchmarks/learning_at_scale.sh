@@ -9,18 +9,21 @@
 #
 #   bash benchmarks/learning_at_scale.sh [TASK ...]     # default: every task that has an @recipe entry
 #
-# Every run is single-threaded and checkpoints every 100k steps. The runs form one queue, longest budget first, and
-# WORKERS lanes (default 2) each take the next run not yet taken, one `bench` process per run, so no core idles while
-# runs are left. Interrupted (SIGTERM to this script or to the bench processes, exit code 75), the same command
-# continues where each run stopped, and finished runs are kept. Run nothing else on the box meanwhile: the report's
-# wall-clock columns are this box's. When every run is in, the report (tables, performance profile, curves) is
-# rebuilt from $OUT/runs over every task of the benchmark found there.
+# Every run is single-threaded and checkpoints every 100k steps. The runs form one queue, longest budget first and per
+# task the recipe, then SB3's PPO at its config, then the plain entry (the slowest runs, so an interrupted queue has
+# the comparison with the recipe's config first). WORKERS lanes (default 2) each take the next run not yet taken, one
+# `bench` process per run, so no core idles while runs are left. Interrupted (SIGTERM to this script or to the bench
+# processes, exit code 75), the same command continues where each run stopped, and finished runs are kept. Run
+# nothing else on the box meanwhile: the report's wall-clock columns are this box's. When every run is in, the
+# report (tables, performance profile, curves) is rebuilt from $OUT/runs over every task of the benchmark found there.
 #
-# Cost on the 2-core box (one core per run, two runs at once): the recipes ~20 min per 5M Hopper steps, ~16 min per
-# 5M HalfCheetah steps, ~70 min per 10M Ant steps and ~2 h per 10M Humanoid steps (training and evaluations); SB3's
-# PPO at its plain entries ~770 steps/s on HalfCheetah-v5 (rl_zoo3's entry: 1 env, 20 epochs of minibatch 64), so
-# ~1.8 h per 5M, and ~1050 steps/s on Ant-v5, ~2.6 h per 10M, and ~590 steps/s on Humanoid-v5, ~4.7 h per 10M. Runs already in $OUT/runs are kept (see $OUT/README.md
-# for those taken over from the recipe search).
+# Cost on the 2-core box (one core per run, two runs at once; boxes of this kind differ, these are the measured
+# ranges): the recipes ~20 min per 5M Hopper steps, ~16 min per 5M HalfCheetah steps, ~70 min per 10M Ant steps and
+# ~2 h per 10M Humanoid steps (training and evaluations); SB3's PPO at the recipe's config ~2250-2490 steps/s on
+# Ant-v5 (~70 min per 10M); SB3's PPO at its plain entries ~770 steps/s on HalfCheetah-v5 (rl_zoo3's entry: 1 env,
+# 20 epochs of minibatch 64), so ~1.8 h per 5M, 480-710 steps/s on Ant-v5 (~4.5 h per 10M) and ~590 steps/s on
+# Humanoid-v5 (~4.7 h per 10M). Runs already in $OUT/runs are kept (see $OUT/README.md for those taken over from the
+# recipe search).
 set -euo pipefail
 
 OUT=${OUT:-benchmarks/results/learning_at_scale}
@@ -73,14 +76,14 @@ if [ ${#tasks[@]} -eq 0 ]; then
         if has_recipe "$task"; then tasks+=("$task"); fi
     done
 fi
-queue=()  # "task algo seed budget", longest budget first
+queue=()  # "task algo seed budget", longest budget first; per task the recipe, its config alone, the plain entry
 for steps in $(for task in "${tasks[@]}"; do budget "$task"; done | sort -rnu); do
     for task in "${tasks[@]}"; do
         [ "$(budget "$task")" = "$steps" ] || continue
         has_recipe "$task" || { echo "learning_at_scale.sh: $task has no @recipe entry yet" >&2; exit 2; }
-        for seed in 0 1 2; do queue+=("$task sb3_ppo@plain $seed $steps"); done
-        for seed in $(recipe_const_seeds "$task"); do queue+=("$task sb3_ppo@recipe_const $seed $steps"); done
         for seed in 0 1 2; do queue+=("$task scalable_ppo@recipe $seed $steps"); done
+        for seed in $(recipe_const_seeds "$task"); do queue+=("$task sb3_ppo@recipe_const $seed $steps"); done
+        for seed in 0 1 2; do queue+=("$task sb3_ppo@plain $seed $steps"); done
     done
 done
 

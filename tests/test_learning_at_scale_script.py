@@ -1,6 +1,7 @@
 """``benchmarks/learning_at_scale.sh`` schedules its runs as promised: every run once, in its own single-threaded
-``bench`` process, WORKERS at a time, the longest budget first; the report only when every run is in; a stopped run
-(exit code 75, or SIGTERM to the script) ends the script with that code. ``sb3-ppo-scale`` is replaced on PATH by a
+``bench`` process, WORKERS at a time, the longest budget first and per task the recipe, its config alone, then the
+plain entry; the report only when every run is in; a stopped run (exit code 75, or SIGTERM to the script) ends the
+script with that code. ``sb3-ppo-scale`` is replaced on PATH by a
 stub that records its arguments, so nothing trains."""
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def test_every_run_once_in_its_own_process_longest_first_then_the_report(tmp_pat
     assert all("--workers 1" in call for call in runs)
     budgets = [_run_key(call)[3] for call in runs]
     assert budgets[:2] == ["10000000"] * 2 and budgets[-2:] == ["5000000"] * 2  # Ant's 10M runs start first
+    ant_algos = [_run_key(call)[1] for call in runs if _run_key(call)[0] == "Ant-v5"]
+    assert set(ant_algos[:3]) == {"scalable_ppo@recipe"} and set(ant_algos[-3:]) == {"sb3_ppo@plain"}
     assert "--report-only" in report and "--tasks Hopper-v5 HalfCheetah-v5 Ant-v5 Humanoid-v5" in report
 
 
