@@ -1,8 +1,8 @@
 """``benchmarks/learning_at_scale.sh`` schedules its runs as promised: every run once, in its own single-threaded
 ``bench`` process, WORKERS at a time, the longest budget first and per task the recipe, its config alone, then the
 plain entry; the report only when every run is in; a stopped run (exit code 75, or SIGTERM to the script) ends the
-script with that code. ``sb3-ppo-scale`` is replaced on PATH by a
-stub that records its arguments, so nothing trains."""
+script with that code. ``sb3-ppo-scale`` is replaced on PATH by a stub that records its arguments, so nothing
+trains."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The learning benchmark's report (experiments/learning_report.py, its curves in learning_curves.py): per-task
-tables with IQM and mean, the aggregate over tasks, probability of improvement, the PNGs; built from synthetic run
-files."""
+"""The learning benchmark's report (experiments/learning_report.py, its aggregate over tasks in
+learning_over_tasks.py, its curves in learning_curves.py): per-task tables with IQM and mean, the aggregate over
+tasks, probability of improvement, the PNGs; built from synthetic run files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sb3_ppo_scale.experiments import bench, learning_curves as curves, learning_report as report
+from sb3_ppo_scale.experiments import bench, learning_curves as curves, learning_over_tasks as across
+from sb3_ppo_scale.experiments import learning_report as report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -156,7 +157,7 @@ def test_over_tasks_improvement_and_pngs(tmp_path: Path) -> None:
     assert "- scalable_ppo@cpu over sb3_ppo (A-v0, B-v0; 3 against 3 seeds): 1.00 [1.00, 1.00]" in text
     assert "- scalable_ppo@gpu over sb3_ppo (A-v0; 3 against 3 seeds): 0.00 [0.00, 0.00]" in text
     assert "over the strongest config per task" not in text  # sb3_ppo on both tasks: the lines above say it
-    over = report.over_tasks(report.summarise(report.load_results(out), 0.9), lambda task: 0.0)
+    over = across.over_tasks(report.summarise(report.load_results(out), 0.9), lambda task: 0.0)
     assert over.tasks == ["A-v0", "B-v0"] and sorted(over.scores) == ["sb3_ppo", "scalable_ppo@cpu"]
     np.testing.assert_allclose(over.scores["sb3_ppo"], np.array([[100.0, 100.0], [101.0, 101.0], [102.0, 102.0]]) / 201)
 
@@ -164,19 +165,19 @@ def test_over_tasks_improvement_and_pngs(tmp_path: Path) -> None:
 def test_reference_returns_and_tasks_that_do_not_normalise(tmp_path: Path) -> None:
     out = _two_tasks(tmp_path)
     summary = report.summarise(report.load_results(out), 0.9)
-    hopper = report.normalisation("Hopper-v5", summary["A-v0"]["algos"], lambda task: 18.0)
-    assert hopper == report.Normalisation(18.0, 3400.0, "the learning issue's target")
-    assert report.normalisation("A-v0", summary["A-v0"]["algos"], lambda task: 500.0) == (
+    hopper = across.normalisation("Hopper-v5", summary["A-v0"]["algos"], lambda task: 18.0)
+    assert hopper == across.Normalisation(18.0, 3400.0, "the learning issue's target")
+    assert across.normalisation("A-v0", summary["A-v0"]["algos"], lambda task: 500.0) == (
         "its reference return 201 is not above the random policy's 500")
-    over = report.over_tasks(summary, lambda task: 0.0 if task == "A-v0" else None)
+    over = across.over_tasks(summary, lambda task: 0.0 if task == "A-v0" else None)
     assert over.tasks == ["A-v0"] and sorted(over.scores) == ["sb3_ppo", "scalable_ppo@cpu", "scalable_ppo@gpu"]
 
 
 def test_random_policy_return_is_seeded_and_none_for_an_unknown_env() -> None:
-    first = report.random_policy_return("CartPole-v1", episodes=3)
-    assert first == report.random_policy_return("CartPole-v1", episodes=3)
+    first = across.random_policy_return("CartPole-v1", episodes=3)
+    assert first == across.random_policy_return("CartPole-v1", episodes=3)
     assert 8.0 <= first <= 100.0  # a random CartPole policy falls within a few dozen steps
-    assert report.random_policy_return("NoSuchEnv-v0") is None
+    assert across.random_policy_return("NoSuchEnv-v0") is None
 
 
 def test_box_line_and_env_step_cost() -> None:
@@ -208,10 +209,10 @@ def test_improvement_over_every_config_of_the_extended_class(tmp_path: Path) -> 
     _run_file(runs, "sb3_ppo@const", 0, 2.0, 150.0, "A-v0")  # one seed, above the baseline on A-v0 only
     _run_file(runs, "sb3_ppo@const", 0, 2.0, 90.0, "B-v0")
     summary = report.summarise(report.load_results(out), 0.9)
-    assert report.strongest_extended_label(summary["A-v0"]) == "sb3_ppo@const"
-    assert report.strongest_extended_label(summary["B-v0"]) == "sb3_ppo"
-    assert report.strongest_extended_label({"algos": {"scalable_ppo@cpu": {}}}) is None
-    text = report.write_markdown(summary, out, 0.9, "cmd", over=report.over_tasks(summary, lambda task: 0.0)
+    assert across.strongest_extended_label(summary["A-v0"]) == "sb3_ppo@const"
+    assert across.strongest_extended_label(summary["B-v0"]) == "sb3_ppo"
+    assert across.strongest_extended_label({"algos": {"scalable_ppo@cpu": {}}}) is None
+    text = report.write_markdown(summary, out, 0.9, "cmd", over=across.over_tasks(summary, lambda task: 0.0)
                                  ).read_text()
     assert ("per task (the highest final-return IQM among their labels): A-v0 sb3_ppo@const (1 seed, not the "
             "baseline); B-v0 sb3_ppo (3 seeds).") in text
