@@ -26,11 +26,11 @@ import numpy as np
 
 from sb3_ppo_scale.experiments import intervals
 from sb3_ppo_scale.experiments.algorithms import ALGO_CLASSES, label_order, pair_of, parsed_or_unknown
-from sb3_ppo_scale.experiments.learning_over_tasks import (OverTasks, improvement_lines, over_tasks, over_tasks_lines,
-                                                           performance_profile, random_policy_return, report_baseline)
 from sb3_ppo_scale.experiments.intervals import Estimate
 from sb3_ppo_scale.experiments.learning_curves import (curve_against_band, env_step_us, plot_curves,
                                                        recorded_env_step_us)
+from sb3_ppo_scale.experiments.learning_over_tasks import (OverTasks, improvement_lines, over_tasks, over_tasks_lines,
+                                                           performance_profile, random_policy_return, report_baseline)
 
 Run = dict[str, Any]
 #: the share of a run's budget whose evaluations make its late return (:func:`late_return`)
